@@ -1,0 +1,187 @@
+"""Completion of device work: from a recorded CUDA event to resolved asyncio futures.
+
+The device thread launches a replay, queues the copy of its output into pinned host memory and records
+an event, all on the engine's stream, then hands an :class:`Inflight` to a completer and moves on. Two
+completers, chosen by the engine's ``completion`` option (``scripts/bench_gpu.py`` measures both):
+
+* :class:`ThreadCompleter` - one thread blocks in ``event.synchronize()`` for each replay in launch order,
+  cuts each window's slice out of the pinned buffer (a fresh tensor, so nothing handed out aliases an
+  engine buffer) and resolves the futures with one ``call_soon_threadsafe`` per event loop.
+* :class:`PollCompleter` - an asyncio task on the engine's loop checks ``event.query()`` for the oldest
+  replay every ``interval`` seconds; no thread, but latency up to one interval and the loop does the cut.
+
+Replays complete in launch order (one stream), so both look only at the oldest one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Completer", "Inflight", "PollCompleter", "ThreadCompleter", "Waiter"]
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One window awaiting its audio: where to put it and how to cut it out of the batch output."""
+
+    future: asyncio.Future[torch.Tensor]
+    loop: asyncio.AbstractEventLoop
+    row: int  # row of the batch output
+    lo: int  # first sample of the emitted slice, relative to the copied columns
+    hi: int
+
+
+@dataclass(eq=False)
+class Inflight:
+    """One launched device call: the output copy in ``host`` is valid once ``done`` has completed."""
+
+    host: torch.Tensor  # [rows, channels, samples] pinned (or plain on CPU), owned by this record
+    waiters: list[Waiter]
+    done: torch.cuda.Event | None  # None: already complete (CPU decode)
+    began: torch.cuda.Event | None = None
+    on_finish: Callable[[Inflight], None] | None = None
+    error: BaseException | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def elapsed_s(self) -> float | None:
+        """Device time between the two events, once both have completed."""
+        if self.began is None or self.done is None:
+            return None
+        return float(self.began.elapsed_time(self.done)) / 1000.0
+
+    def deliver(self) -> None:
+        """Cut every live waiter's slice (fresh tensors) and resolve its future on its own loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]] = {}
+        for w in self.waiters:
+            if w.future.cancelled():
+                continue  # withdrawn while in flight: decoded, dropped
+            out = self.host[w.row, :, w.lo : w.hi].clone()
+            by_loop.setdefault(w.loop, []).append((w.future, out))
+        for loop, pairs in by_loop.items():
+            _call_soon(loop, _resolve_all, pairs)
+        self.host = torch.empty(0)  # release the pinned block back to the caching host allocator
+
+    def fail(self, error: BaseException) -> None:
+        for w in self.waiters:
+            _call_soon(w.loop, _fail, w.future, error)
+
+
+class Completer:
+    """Interface: ``submit`` an inflight record; ``close`` after the last one."""
+
+    def submit(self, item: Inflight) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class ThreadCompleter(Completer):
+    """Waits on events in a dedicated thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Inflight | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="streamdec-complete", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Inflight) -> None:
+        self._queue.put(item)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                if item.done is not None:
+                    item.done.synchronize()
+                item.deliver()
+            except Exception as exc:  # a failed copy or sync must still release every waiter
+                item.fail(exc)
+            finally:
+                if item.on_finish is not None:
+                    item.on_finish(item)
+
+
+class PollCompleter(Completer):
+    """Polls ``event.query()`` from a task on ``loop`` (see the module docstring)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float = 1e-4) -> None:
+        self.loop = loop
+        self.interval = interval
+        self._pending: collections.deque[Inflight] = collections.deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self._task_ready = threading.Event()
+        loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        self._task = self.loop.create_task(self._run())
+        self._task_ready.set()
+
+    def submit(self, item: Inflight) -> None:
+        self._idle.clear()
+        # deque.append is atomic; the loop learns of it through a thread-safe wake-up.
+        self._pending.append(item)
+        _call_soon(self.loop, self._wake.set)
+
+    def close(self) -> None:
+        self._closed = True
+        _call_soon(self.loop, self._wake.set)
+
+    async def wait_closed(self) -> None:
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closed:
+                    return
+                self._idle.set()
+                self._wake.clear()
+                if not self._pending:
+                    await self._wake.wait()
+                continue
+            item = self._pending[0]
+            if item.done is not None and not item.done.query():  # type: ignore[no-untyped-call]
+                await asyncio.sleep(self.interval)
+                continue
+            self._pending.popleft()
+            try:
+                item.deliver()
+            except Exception as exc:
+                item.fail(exc)
+            finally:
+                if item.on_finish is not None:
+                    item.on_finish(item)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    # A loop closed under us (a test tearing down) has nobody left to tell.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _resolve_all(pairs: list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]) -> None:
+    for future, value in pairs:
+        if not future.done():
+            future.set_result(value)
+
+
+def _fail(future: asyncio.Future[torch.Tensor], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

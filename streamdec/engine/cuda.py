@@ -1,0 +1,449 @@
+"""The GPU engine: one scheduler for all streams, bucket CUDA graphs, a dedicated stream and thread.
+
+Data path of one window::
+
+    decode_window()        loop thread: validate, queue a ticket in the Scheduler, await a future
+      -> device thread     pop the next (batch, frames) bucket, most urgent windows first; stack the
+                           latents into pinned host memory (pad rows: pad_latent); on the engine stream:
+                           H2D copy into the graph's static input, replay, D2H copy of the emitted columns
+                           into a fresh pinned buffer, record an event
+      -> completer         event done: cut each window's slice (a fresh CPU tensor) and resolve its future
+
+At most ``max_inflight`` replays are queued on the stream at once: while the GPU works, windows pile up in
+the scheduler and the next replay takes them together, which is where cross-stream batching comes from.
+
+Lifetimes: a graph's static input/output are overwritten by its next replay, but every replay on the
+engine stream is ordered after the previous one's D2H copy, and users only ever see clones of the pinned
+copy. Pinned staging buffers come from PyTorch's caching host allocator, which holds a block until the
+copy that reads or writes it has completed on the stream.
+
+On a CPU codec the same machinery runs with the eager tier and no events (used by the CPU tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import torch
+
+from ..errors import ConfigError, EngineClosedError, EngineError, ShapeError
+from .base import Engine, EngineStats, WarmupReport, WindowRequest
+from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
+from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
+from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
+
+__all__ = ["CudaGraphEngine"]
+
+log = logging.getLogger("streamdec.engine")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Pending:
+    request: WindowRequest
+    future: asyncio.Future[torch.Tensor]
+    loop: asyncio.AbstractEventLoop
+
+
+class CudaGraphEngine(Engine):
+    """Serves every stream of one codec on one device through replayed CUDA graphs.
+
+    Options (keywords):
+
+    * ``batch_buckets`` - batch sizes graphs are captured for (default 1, 2, 4, ..., 64).
+    * ``graphs`` - use CUDA graphs at all (``STREAMDEC_NO_GRAPHS=1`` forces False).
+    * ``compile`` - ``torch.compile`` the bucket graphs (``STREAMDEC_NO_COMPILE=1`` forces False).
+    * ``compile_dynamic`` - ``"batch"`` (default: one compile per window size for every batch >= 2, one
+      more for batch 1), ``"none"`` (one compile per bucket) or ``"all"``.
+    * ``compile_mode`` - passed to ``torch.compile`` (e.g. ``"max-autotune-no-cudagraphs"``).
+    * ``inductor_cache_dir`` - Inductor's cache; reuse it across starts to make a second warm-up fast.
+    * ``max_graphs`` - ad-hoc plain graphs per generation before the whole generation is retired.
+    * ``on_frozen_miss`` - after ``freeze()``, a shape with no graph raises ``CaptureFrozenError``
+      (``"error"``, default) or decodes eagerly and is counted under tier ``eager-frozen`` (``"eager"``).
+    * ``completion`` - ``"thread"`` (default) or ``"poll"``; see :mod:`.completion`.
+    * ``max_inflight`` - replays queued on the stream at once (default 2).
+    * ``cost`` - ``(batch, frames) -> relative time`` for the scheduler; warm-up replaces it by measured
+      replay times for warmed buckets.
+    """
+
+    def __init__(
+        self,
+        codec: Any,
+        *,
+        batch_buckets: Iterable[int] = DEFAULT_BATCH_BUCKETS,
+        graphs: bool = True,
+        compile: bool = True,
+        compile_dynamic: Literal["none", "batch", "all"] = "batch",
+        compile_mode: str | None = None,
+        inductor_cache_dir: str | None = None,
+        max_graphs: int = 16,
+        on_frozen_miss: Literal["error", "eager"] = "error",
+        completion: Literal["thread", "poll"] = "thread",
+        max_inflight: int = 2,
+        poll_interval: float = 1e-4,
+        cost: CostFn | None = None,
+    ) -> None:
+        if completion not in ("thread", "poll"):
+            raise ConfigError(f"completion must be 'thread' or 'poll', got {completion!r}")
+        if max_inflight < 1:
+            raise ConfigError(f"max_inflight must be >= 1, got {max_inflight}")
+        self.codec = codec
+        pad = codec.pad_latent.detach()
+        self.device = pad.device
+        self.dtype = pad.dtype
+        self.hop = int(codec.hop_size)
+        self.channels = int(codec.channels)
+        self.latent_dim = int(codec.latent_dim)
+        self.options = TierOptions(
+            graphs=graphs and not env_flag("STREAMDEC_NO_GRAPHS"),
+            compile=compile and not env_flag("STREAMDEC_NO_COMPILE"),
+            compile_dynamic=compile_dynamic,
+            compile_mode=compile_mode,
+            max_graphs=max_graphs,
+            on_frozen_miss=on_frozen_miss,
+            inductor_cache_dir=inductor_cache_dir,
+        )
+        self.completion = completion
+        self.max_inflight = max_inflight
+        self.poll_interval = poll_interval
+        self._default_cost = cost if cost is not None else linear_cost()
+        self._measured: dict[BucketKey, float] = {}
+        self._scheduler: Scheduler[_Pending] = Scheduler(batch_buckets, cost=self._cost)
+        self.batch_buckets = self._scheduler.batch_buckets
+        self._pad_cpu = pad.to("cpu", torch.float32)
+        self._stats = EngineStats()
+        self._cond = threading.Condition()  # guards scheduler, stats, commands, inflight count
+        self._commands: collections.deque[Callable[[], None]] = collections.deque()
+        self._inflight = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._completer: Completer | None = None
+        self._stream: torch.cuda.Stream | None = None
+        self._tiers: GraphTiers | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._closed:
+            raise EngineClosedError("engine is closed: create a new one")
+        if self._thread is not None:
+            return
+        if self.device.type == "cuda":
+            self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        self._tiers = GraphTiers(
+            static_forward(self.codec),
+            latent_dim=self.latent_dim,
+            dtype=self.dtype,
+            device=self.device,
+            stream=self._stream,
+            pad_latent=self.codec.pad_latent,
+            options=self.options,
+        )
+        loop = asyncio.get_running_loop()
+        if self.completion == "poll":
+            self._completer = PollCompleter(loop, self.poll_interval)
+        else:
+            self._completer = ThreadCompleter()
+        self._thread = threading.Thread(target=self._run, name="streamdec-cuda", daemon=True)
+        self._thread.start()
+
+    async def warmup(self, window_sizes: tuple[int, ...]) -> WarmupReport:
+        """Compile/capture one graph per (batch bucket, window size); time each replay for the scheduler."""
+        await self.start()
+        keys = [BucketKey(b, int(f)) for f in sorted(set(window_sizes)) for b in self.batch_buckets]
+        return await self._call_on_device(lambda: self._warm(keys))
+
+    def freeze(self) -> None:
+        """From now on a shape with no graph is an error (or a counted eager decode), never a capture."""
+        if self._tiers is None:
+            raise EngineError("freeze() before start(): start and warm up the engine first")
+        self._tiers.freeze()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        with self._cond:
+            self._closed = True
+            leftovers = self._scheduler.drain()
+            self._stats.queued = 0
+            self._cond.notify_all()
+        for p in leftovers:
+            _call_soon(
+                p.loop, _fail, p.future, EngineClosedError("engine closed before this window was decoded")
+            )
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        if self._completer is not None:
+            await asyncio.to_thread(self._completer.close)
+            if isinstance(self._completer, PollCompleter):
+                await self._completer.wait_closed()
+
+    @property
+    def stats(self) -> EngineStats:
+        with self._cond:
+            return self._stats.snapshot()
+
+    @property
+    def tiers(self) -> GraphTiers:
+        """The graph tiers (for inspection and tests); exists after ``start()``."""
+        if self._tiers is None:
+            raise EngineError("the engine has not started: await engine.start() first")
+        return self._tiers
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    async def decode_window(self, request: WindowRequest) -> torch.Tensor:
+        if self._closed:
+            raise EngineClosedError("decode_window() after aclose(): the engine is closed")
+        self._check(request)
+        if self._thread is None:
+            await self.start()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[torch.Tensor] = loop.create_future()
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("decode_window() after aclose(): the engine is closed")
+            ticket = self._scheduler.push(
+                _Pending(request, future, loop), request.window_frames, request.deadline
+            )
+            self._stats.queued = self._scheduler.pending
+            self._cond.notify_all()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._withdraw(ticket)
+            raise
+
+    def _withdraw(self, ticket: Ticket[_Pending]) -> None:
+        with self._cond:
+            if self._scheduler.cancel(ticket):  # still queued: never decoded, its slot is free now
+                self._stats.cancelled += 1
+                self._stats.queued = self._scheduler.pending
+
+    def _check(self, request: WindowRequest) -> None:
+        z = request.latents
+        if z.dim() != 2 or z.shape[1] != self.latent_dim or z.shape[0] < 1:
+            raise ShapeError(
+                f"window latents have shape {tuple(z.shape)}: expected [frames >= 1, {self.latent_dim}]"
+            )
+        end = request.emit_offset + request.emit_frames
+        if request.emit_offset < 0 or request.emit_frames < 1 or end > z.shape[0]:
+            raise ShapeError(
+                f"emitted frames {request.emit_offset}..{end} fall outside the window of {z.shape[0]} frames"
+            )
+
+    def _cost(self, batch: int, frames: int) -> float:
+        measured = self._measured.get(BucketKey(batch, frames))
+        return measured if measured is not None else self._default_cost(batch, frames)
+
+    # -- device thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        with torch.inference_mode():
+            while (work := self._next_work()) is not None:
+                try:
+                    work()
+                except Exception:  # never let one bad batch kill the thread every stream depends on
+                    log.exception("streamdec device thread: unexpected error")
+
+    def _next_work(self) -> Callable[[], None] | None:
+        with self._cond:
+            while True:
+                if self._commands:
+                    return self._commands.popleft()
+                if self._closed:
+                    return None
+                if self._inflight < self.max_inflight and self._scheduler.pending:
+                    popped = self._scheduler.pop_batch()
+                    self._stats.queued = self._scheduler.pending
+                    if popped is not None:
+                        self._inflight += 1
+                        key, items = popped
+                        return lambda: self._launch(key, items)
+                self._cond.wait()
+
+    async def _call_on_device(self, fn: Callable[[], R]) -> R:
+        """Run ``fn`` on the device thread (captures and warm-up must happen there) and await its result."""
+        done: concurrent.futures.Future[R] = concurrent.futures.Future()
+
+        def command() -> None:
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("engine is closed")
+            self._commands.append(command)
+            self._cond.notify_all()
+        return await asyncio.wrap_future(done)
+
+    def _finished(self, item: Inflight) -> None:
+        elapsed = item.elapsed_s()
+        with self._cond:
+            self._inflight -= 1
+            if elapsed is not None:
+                self._stats.decode_seconds += elapsed
+            self._cond.notify_all()
+
+    def _launch(self, key: BucketKey, items: list[_Pending]) -> None:
+        live = [p for p in items if not p.future.cancelled()]
+        with self._cond:
+            self._stats.cancelled += len(items) - len(live)
+        if not live:
+            self._finished(Inflight(torch.empty(0), [], None))
+            return
+        try:
+            item, tier = self._device_call(key, live)
+        except Exception as exc:
+            error = exc if isinstance(exc, EngineError) else EngineError(f"decode of {key} failed: {exc}")
+            if error is not exc:
+                error.__cause__ = exc
+            failed = Inflight(torch.empty(0), [Waiter(p.future, p.loop, 0, 0, 0) for p in live], None)
+            failed.fail(error)
+            self._finished(failed)
+            return
+        with self._cond:
+            s = self._stats
+            s.decodes += 1
+            s.windows += len(live)
+            s.frames += key.frames * len(live)
+            s.by_tier[tier] = s.by_tier.get(tier, 0) + 1
+            if item.began is None:
+                s.decode_seconds += float(item.extra.get("seconds", 0.0))
+        assert self._completer is not None
+        self._completer.submit(item)
+
+    def _device_call(self, key: BucketKey, live: list[_Pending]) -> tuple[Inflight, str]:
+        tiers = self.tiers
+        frozen_miss = tiers.is_frozen_miss(key)
+        graph = tiers.lookup(key)  # may capture (not frozen) or raise CaptureFrozenError
+        if graph is None and frozen_miss:
+            tier = "eager-frozen"
+        else:
+            tier = graph.tier if graph is not None else "eager"
+        lo = min(p.request.emit_offset for p in live) * self.hop
+        hi = max(p.request.emit_offset + p.request.emit_frames for p in live) * self.hop
+        waiters = [
+            Waiter(
+                p.future,
+                p.loop,
+                row,
+                p.request.emit_offset * self.hop - lo,
+                (p.request.emit_offset + p.request.emit_frames) * self.hop - lo,
+            )
+            for row, p in enumerate(live)
+        ]
+        if self._stream is None:
+            return self._cpu_call(live, waiters, lo, hi), tier
+        return self._cuda_call(key, graph, live, waiters, lo, hi), tier
+
+    def _stage(self, live: list[_Pending], rows: int, pin: bool) -> torch.Tensor:
+        """Stacked window latents ``[rows, frames, D]`` on the host; rows past ``len(live)`` are padding."""
+        frames = live[0].request.window_frames
+        host = torch.empty((rows, frames, self.latent_dim), dtype=torch.float32, pin_memory=pin)
+        torch.stack([p.request.latents.to(torch.float32) for p in live], out=host[: len(live)])
+        if rows > len(live):
+            host[len(live) :] = self._pad_cpu
+        return host
+
+    def _cuda_call(
+        self,
+        key: BucketKey,
+        graph: CapturedGraph | None,
+        live: list[_Pending],
+        waiters: list[Waiter],
+        lo: int,
+        hi: int,
+    ) -> Inflight:
+        stream = self._stream
+        assert stream is not None
+        rows = key.batch if graph is not None else len(live)
+        host_in = self._stage(live, rows, pin=True)
+        began = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(stream):
+            began.record(stream)
+            if graph is not None:
+                graph.static_in.copy_(host_in, non_blocking=True)
+                graph.graph.replay()
+                out = graph.static_out
+            else:
+                out = self.tiers.eager(host_in.to(self.device, self.dtype, non_blocking=True))
+            # Only the real rows and the emitted columns travel back; the result must not alias `out`.
+            host_out = torch.empty((len(live), self.channels, hi - lo), dtype=torch.float32, pin_memory=True)
+            host_out.copy_(out[: len(live), :, lo:hi], non_blocking=True)
+            done.record(stream)
+        return Inflight(host_out, waiters, done, began, on_finish=self._finished)
+
+    def _cpu_call(self, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int) -> Inflight:
+        began = time.perf_counter()
+        x = self._stage(live, len(live), pin=False).to(self.dtype)
+        out = self.tiers.eager(x)[:, :, lo:hi].to("cpu", torch.float32, copy=True)
+        item = Inflight(out, waiters, None, None, on_finish=self._finished)
+        item.extra["seconds"] = time.perf_counter() - began
+        return item
+
+    # -- warm-up (device thread) ---------------------------------------------------------------------
+
+    def _warm(self, keys: list[BucketKey]) -> WarmupReport:
+        tiers = self.tiers
+        began = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
+        graphs_before = tiers.graph_count
+        notes = tiers.warm(keys)
+        warmed, failed = [], []
+        for key in keys:
+            graph = tiers.buckets.get(key)
+            if graph is not None:
+                warmed.append(key)
+                if graph.replay_ms is not None:
+                    self._measured[key] = graph.replay_ms
+        failed = [k for k in tiers.failed if k in keys]
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        memory = (torch.cuda.memory_reserved(self.device) - reserved) if cuda else 0
+        return WarmupReport(
+            seconds=time.perf_counter() - began,
+            graphs=tiers.graph_count - graphs_before,
+            graph_memory_bytes=max(0, memory),
+            buckets=tuple((k.batch, k.frames) for k in warmed) if warmed else tuple(keys),
+            failed=tuple((k.batch, k.frames) for k in failed),
+            notes=tuple(notes),
+        )
+
+    # -- introspection for tests and benchmarks -----------------------------------------------------
+
+    async def replay_ms(self) -> dict[tuple[int, int], tuple[str, float | None]]:
+        """Measured replay time and tier of every bucket graph, keyed ``(batch, frames)``."""
+        tiers = self.tiers
+        return {(k.batch, k.frames): (g.tier, g.replay_ms) for k, g in tiers.buckets.items()}
+
+    async def retire_generation(self) -> None:
+        """Retire the ad-hoc graph generation now (normally done when ``max_graphs`` is reached)."""
+        await self._call_on_device(self.tiers.retire_generation)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _fail(future: asyncio.Future[torch.Tensor], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

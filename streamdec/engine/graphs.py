@@ -1,0 +1,339 @@
+"""Graph tiers of the GPU engine: compiled bucket graphs, plain graphs in retiring generations, eager.
+
+Every method here runs on the engine's device thread, with the engine's CUDA stream current; nothing is
+thread-safe on its own.
+
+Tiers, tried in order for a ``(batch, frames)`` key:
+
+1. *Bucket graphs*, made by :meth:`GraphTiers.warm` at start-up for every planner window size and batch
+   bucket: ``torch.compile`` of the decode, then one CUDA graph per key (tier ``compiled``), or a plain
+   capture of the eager decode when compile is off or failed (tier ``graph``). They share one private
+   memory pool for the engine's lifetime: replays are serialised on one stream, so a graph's
+   intermediates may reuse another's; only each graph's static input and output stay reserved.
+2. *Ad-hoc plain graphs*, captured on first use for any other key (a clip shorter than the smallest window
+   arrives with its own length). They live in a *generation* with its own private pool. When
+   ``max_graphs`` is reached the whole generation is retired (stream synchronised, every graph and pool
+   dropped) and a fresh one begins. Evicting single graphs from a shared pool is unsafe: a survivor's
+   replay could write memory that the evicted graph's pool handed back to someone else.
+3. *Eager*: graphs off (``graphs=False`` or ``STREAMDEC_NO_GRAPHS=1``), a capture that failed, or a call
+   made while a capture is under way on this thread.
+
+After :meth:`GraphTiers.freeze`, a key with no graph raises :class:`~streamdec.errors.CaptureFrozenError`,
+or, with ``on_frozen_miss="eager"``, decodes eagerly and counts it (tier ``eager-frozen``): never a silent
+capture stall in the middle of serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..errors import CaptureFrozenError, ConfigError
+from .scheduler import BucketKey
+
+__all__ = ["CapturedGraph", "Forward", "GraphTiers", "TierOptions", "env_flag", "static_forward"]
+
+log = logging.getLogger("streamdec.engine")
+
+Forward = Callable[[Tensor], Tensor]  # normalised latents [B, T, D] -> float32 audio [B, C, T * hop]
+DynamicMode = Literal["none", "batch", "all"]
+
+
+def env_flag(name: str) -> bool:
+    """True when the environment variable is set to something other than '', '0', 'false' or 'no'."""
+    return os.environ.get(name, "").strip().lower() not in {"", "0", "false", "no"}
+
+
+def static_forward(codec: Any) -> Forward:
+    """The codec's decode without input validation or host syncs, safe to capture in a CUDA graph.
+
+    Same arithmetic as ``Codec.decode`` (denormalise, synthesise, cast to float32) on a latents tensor
+    that is already on the codec's device and dtype.
+    """
+
+    def forward(z: Tensor) -> Tensor:  # [B, T, D] -> [B, C, T * hop]
+        audio: Tensor = codec.synthesize(codec.denormalize(z).transpose(1, 2))
+        return audio.float()
+
+    return forward
+
+
+@dataclass(frozen=True)
+class TierOptions:
+    """Validated tier settings; see :class:`~streamdec.engine.cuda.CudaGraphEngine` for their meaning."""
+
+    graphs: bool = True
+    compile: bool = True
+    compile_dynamic: DynamicMode = "batch"
+    compile_mode: str | None = None
+    max_graphs: int = 16
+    on_frozen_miss: Literal["error", "eager"] = "error"
+    inductor_cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_graphs < 1:
+            raise ConfigError(f"max_graphs must be >= 1, got {self.max_graphs}")
+        if self.compile_dynamic not in ("none", "batch", "all"):
+            raise ConfigError(
+                f"compile_dynamic must be 'none', 'batch' or 'all', got {self.compile_dynamic!r}"
+            )
+        if self.on_frozen_miss not in ("error", "eager"):
+            raise ConfigError(f"on_frozen_miss must be 'error' or 'eager', got {self.on_frozen_miss!r}")
+
+
+@dataclass(eq=False)
+class CapturedGraph:
+    """One captured decode: replay after writing ``static_in``; read ``static_out`` before the next replay."""
+
+    key: BucketKey
+    tier: str  # "compiled" or "graph"
+    graph: torch.cuda.CUDAGraph
+    static_in: Tensor  # [batch, frames, latent_dim] on the device
+    static_out: Tensor  # [batch, channels, frames * hop] float32 on the device
+    generation: int  # -1 for the permanent bucket pool
+    replay_ms: float | None = None
+
+
+@dataclass(eq=False)
+class _Generation:
+    index: int
+    pool: Any  # an opaque torch graph-pool handle
+    graphs: dict[BucketKey, CapturedGraph] = field(default_factory=dict)
+
+
+class GraphTiers:
+    """Owns every graph and pool of one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        *,
+        latent_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        stream: torch.cuda.Stream | None,
+        pad_latent: Tensor,
+        options: TierOptions,
+    ) -> None:
+        self.forward = forward
+        self.latent_dim = latent_dim
+        self.dtype = dtype
+        self.device = device
+        self.stream = stream
+        self.pad_latent = pad_latent
+        self.options = options
+        self.frozen = False
+        self.buckets: dict[BucketKey, CapturedGraph] = {}
+        self.failed: list[BucketKey] = []
+        self.retired_generations = 0
+        self._bucket_pool: Any = None
+        self._generation: _Generation | None = None
+        self._compiled: Forward | None = None
+        self._capturing = False
+
+    # -- lookup ---------------------------------------------------------------------------------------
+
+    @property
+    def graphs_enabled(self) -> bool:
+        return self.options.graphs and self.device.type == "cuda"
+
+    def lookup(self, key: BucketKey) -> CapturedGraph | None:
+        """The graph to replay for ``key``; None means decode eagerly. May capture (tier 2) or raise."""
+        if not self.graphs_enabled or self._capturing:
+            return None
+        graph = self.buckets.get(key)
+        if graph is not None:
+            return graph
+        if key in self.failed:
+            return None  # its capture failed once: eager from now on, no retry per call
+        gen = self._generation
+        if gen is not None and key in gen.graphs:
+            return gen.graphs[key]
+        if self.frozen:
+            if self.options.on_frozen_miss == "eager":
+                return None
+            raise CaptureFrozenError(
+                f"no graph for batch={key.batch} x frames={key.frames} and the engine is frozen: warm up "
+                f"this window size (warmup(window_sizes=...)), or build the engine with "
+                f"on_frozen_miss='eager', or set STREAMDEC_NO_GRAPHS=1"
+            )
+        return self._capture_adhoc(key)
+
+    def is_frozen_miss(self, key: BucketKey) -> bool:
+        """True when ``key`` has no graph only because the engine is frozen (counted as such)."""
+        gen = self._generation
+        return (
+            self.graphs_enabled
+            and self.frozen
+            and key not in self.buckets
+            and not (gen is not None and key in gen.graphs)
+        )
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.buckets) + (len(self._generation.graphs) if self._generation else 0)
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    # -- warm-up: the permanent bucket pool ------------------------------------------------------------
+
+    def warm(self, keys: Sequence[BucketKey]) -> list[str]:
+        """Compile and/or capture every key into the bucket pool, largest first; returns notes."""
+        notes: list[str] = []
+        if not self.graphs_enabled:
+            for frames in sorted({k.frames for k in keys}):
+                self._run_eager_once(BucketKey(1, frames))
+            return ["graphs off: eager decode warmed only"]
+        if self._bucket_pool is None:
+            self._bucket_pool = torch.cuda.graph_pool_handle()
+        # Largest first: the shared pool is sized by the first capture, later ones reuse its blocks.
+        for key in sorted(set(keys), key=lambda k: (k.frames * k.batch, k.frames), reverse=True):
+            if key in self.buckets:
+                continue
+            graph = self._warm_one(key, notes)
+            if graph is not None:
+                self.buckets[key] = graph
+        return notes
+
+    def _warm_one(self, key: BucketKey, notes: list[str]) -> CapturedGraph | None:
+        if self.options.compile:
+            try:
+                began = time.perf_counter()
+                graph = self._capture(key, self._compiled_forward(), "compiled", self._bucket_pool, -1)
+                notes.append(f"compiled {key.batch}x{key.frames} in {time.perf_counter() - began:.1f} s")
+                return graph
+            except Exception as exc:  # a compile or capture failure falls back to tier 2, loudly
+                log.warning(
+                    "compile/capture of bucket %s failed (%s); falling back to a plain graph", key, exc
+                )
+                notes.append(f"compiled {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
+                self.failed.append(key)
+        try:
+            return self._capture(key, self.forward, "graph", self._bucket_pool, -1)
+        except Exception as exc:
+            log.warning("plain capture of bucket %s failed (%s); it decodes eagerly", key, exc)
+            notes.append(f"graph {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
+            if key not in self.failed:
+                self.failed.append(key)
+            return None
+
+    def _compiled_forward(self) -> Forward:
+        if self._compiled is None:
+            if self.options.inductor_cache_dir:
+                # Read lazily by Inductor at first compile: a second start with the same dir is warm.
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.options.inductor_cache_dir
+            self._compiled = torch.compile(self.forward, dynamic=None, mode=self.options.compile_mode)
+        return self._compiled
+
+    # -- ad-hoc generations -----------------------------------------------------------------------------
+
+    def _capture_adhoc(self, key: BucketKey) -> CapturedGraph | None:
+        gen = self._generation
+        if gen is not None and len(gen.graphs) >= self.options.max_graphs:
+            self.retire_generation()
+            gen = None
+        if gen is None:
+            index = self.retired_generations + (1 if self._generation is None else 0)
+            gen = self._generation = _Generation(index, torch.cuda.graph_pool_handle())
+        try:
+            graph = self._capture(key, self.forward, "graph", gen.pool, gen.index)
+        except Exception as exc:
+            log.warning("capture of %s failed (%s); decoding it eagerly", key, exc)
+            self.failed.append(key)
+            return None
+        gen.graphs[key] = graph
+        return graph
+
+    def retire_generation(self) -> None:
+        """Drop every ad-hoc graph and its pool at once, after all work on the stream has finished."""
+        if self._generation is None:
+            return
+        if self.stream is not None:
+            self.stream.synchronize()  # no replay or copy-out may still read the generation's memory
+        self._generation.graphs.clear()
+        self._generation = None
+        self.retired_generations += 1
+        torch.cuda.empty_cache()  # hand the released pool's blocks back to the device
+
+    @property
+    def generation_index(self) -> int | None:
+        return None if self._generation is None else self._generation.index
+
+    # -- capture --------------------------------------------------------------------------------------
+
+    def random_input(self, key: BucketKey, seed: int = 0) -> Tensor:
+        gen = torch.Generator(device="cpu").manual_seed(seed + 7919 * key.frames + key.batch)
+        x = torch.randn(key.batch, key.frames, self.latent_dim, generator=gen, dtype=torch.float32)
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def _capture(self, key: BucketKey, fn: Forward, tier: str, pool: Any, generation: int) -> CapturedGraph:
+        assert self.stream is not None
+        with self._dynamo_config(), torch.cuda.stream(self.stream):
+            static_in = self.random_input(key)  # random, never zeros: a bad capture must show in the output
+            if tier == "compiled":
+                self._mark_dynamic(static_in)
+            fn(static_in)  # compile / lazy init / cuDNN heuristics happen here, outside the capture
+            fn(static_in)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            self._capturing = True
+            try:
+                with torch.cuda.graph(
+                    graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"
+                ):
+                    static_out = fn(static_in)
+            finally:
+                self._capturing = False
+            captured = CapturedGraph(key, tier, graph, static_in, static_out, generation)
+            captured.replay_ms = self._time_replay(captured)
+        return captured
+
+    def _time_replay(self, captured: CapturedGraph) -> float:
+        assert self.stream is not None
+        captured.graph.replay()  # first replay pays one-off costs
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record(self.stream)
+        captured.graph.replay()
+        end.record(self.stream)
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def _mark_dynamic(self, x: Tensor) -> None:
+        # One compile serves every batch >= 2 of a frames bucket ("batch"), or every shape ("all"); a size
+        # of 1 is always specialised by dynamo, so batch 1 compiles once more.
+        mode = self.options.compile_dynamic
+        if mode == "none":
+            return
+        if x.shape[0] >= 2:
+            torch._dynamo.mark_dynamic(x, 0, min=2)
+        if mode == "all":
+            torch._dynamo.mark_dynamic(x, 1, min=2)
+
+    @contextlib.contextmanager
+    def _dynamo_config(self) -> Iterator[None]:
+        # Static shapes per bucket unless marked: no automatic dynamic-shape recompiles, and a recompile
+        # limit above the number of buckets (the default of 8 would silently fall back to eager).
+        patch: dict[str, Any] = {"automatic_dynamic_shapes": False}
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                patch[name] = max(int(getattr(torch._dynamo.config, name)), 512)
+        with torch._dynamo.config.patch(**patch):
+            yield
+
+    def _run_eager_once(self, key: BucketKey) -> None:
+        with torch.inference_mode():
+            self.forward(self.random_input(key))
+
+    def eager(self, x: Tensor) -> Tensor:
+        """Tier 3: the plain decode of ``x`` ``[B, T, D]`` on the current stream."""
+        return self.forward(x)

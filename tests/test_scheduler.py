@@ -1,0 +1,294 @@
+"""The GPU engine's scheduler (pure packing) and its async machinery, run on the CPU with a fake codec."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+from streamdec.engine.base import WindowRequest
+from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.graphs import env_flag
+from streamdec.engine.scheduler import BucketKey, Scheduler, linear_cost, normalise_buckets, plan_cover
+from streamdec.errors import ConfigError, EngineClosedError, ShapeError
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+# -- plan_cover --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("count", "overhead", "cover"),
+    [
+        (1, 4.0, [1]),
+        (3, 4.0, [4]),
+        (16, 4.0, [16]),
+        (17, 4.0, [16, 1]),
+        (28, 4.0, [32]),
+        (64, 4.0, [64]),
+        (130, 4.0, [64, 64, 2]),
+        (17, 0.0, [16, 1]),
+        (3, 0.0, [2, 1]),
+        (17, 1000.0, [32]),
+    ],
+    ids=lambda v: str(v),
+)
+def test_plan_cover_picks_cheapest_buckets(count: int, overhead: float, cover: list[int]) -> None:
+    """The cover minimises total cost (launch overhead vs padded rows), largest bucket first."""
+    assert plan_cover(count, BUCKETS, lambda b: b + overhead) == cover
+
+
+@given(st.integers(1, 300), st.floats(0.0, 50.0))
+def test_plan_cover_always_covers(count: int, overhead: float) -> None:
+    """Every cover holds at least ``count`` rows and is sorted largest first."""
+    cover = plan_cover(count, BUCKETS, lambda b: b + overhead)
+    assert sum(cover) >= count
+    assert cover == sorted(cover, reverse=True)
+    assert sum(cover) - cover[-1] < count  # no bucket in it is wholly padding
+
+
+def test_normalise_buckets_refuses_empty_and_zero() -> None:
+    """A bucket set must be non-empty and >= 1."""
+    with pytest.raises(ConfigError, match="batch buckets"):
+        normalise_buckets(())
+    with pytest.raises(ConfigError, match="batch buckets"):
+        normalise_buckets((0, 4))
+    assert normalise_buckets((8, 1, 4, 4)) == (1, 4, 8)
+
+
+# -- Scheduler ---------------------------------------------------------------------------------------
+
+
+def test_most_urgent_group_goes_first() -> None:
+    """The group holding the earliest deadline is replayed first, its windows most urgent first."""
+    s: Scheduler[str] = Scheduler(BUCKETS)
+    s.push("a70", 70, deadline=5.0)
+    s.push("b126", 126, deadline=1.0)
+    s.push("c126", 126, deadline=3.0)
+    s.push("d126", 126, deadline=2.0)
+    key, items = s.pop_batch() or (None, [])
+    assert key == BucketKey(4, 126)
+    assert items == ["b126", "d126", "c126"]
+    assert s.pop_batch() == (BucketKey(1, 70), ["a70"])
+    assert s.pop_batch() is None
+
+
+def test_ties_are_fifo() -> None:
+    """Equal deadlines keep arrival order."""
+    s: Scheduler[int] = Scheduler((1, 2, 4))
+    for i in range(4):
+        s.push(i, 70, deadline=0.0)
+    assert s.pop_batch() == (BucketKey(4, 70), [0, 1, 2, 3])
+
+
+def test_cancelled_ticket_is_never_popped() -> None:
+    """A withdrawn window frees its slot: later pops skip it and pending drops at once."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    tickets = [s.push(i, 70, deadline=float(i)) for i in range(3)]
+    assert s.cancel(tickets[0])
+    assert not s.cancel(tickets[0])
+    assert s.pending == 2
+    assert s.pop_batch() == (BucketKey(2, 70), [1, 2])
+    assert not s.cancel(tickets[1])  # already popped
+    assert s.pending == 0
+
+
+def test_empty_groups_are_dropped() -> None:
+    """Many distinct lengths leave no bookkeeping behind once served or cancelled."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    for frames in range(1, 200):
+        t = s.push(frames, frames, 0.0)
+        if frames % 2:
+            s.cancel(t)
+    while s.pop_batch() is not None:
+        pass
+    assert s._groups == {} and s._live == {}
+
+
+def test_over_full_group_takes_largest_bucket_first() -> None:
+    """More windows than the largest bucket: the most urgent 64 go first."""
+    s: Scheduler[int] = Scheduler(BUCKETS, cost=linear_cost(4.0))
+    for i in range(100):
+        s.push(i, 126, deadline=float(100 - i))
+    key, items = s.pop_batch() or (None, [])
+    assert key == BucketKey(64, 126)
+    assert items == list(range(99, 35, -1))
+
+
+def test_measured_cost_changes_the_choice() -> None:
+    """With a cost table where batch 4 costs as much as batch 2, three windows share one replay of 4."""
+    costs = {1: 1.0, 2: 1.2, 4: 1.2}
+    s: Scheduler[int] = Scheduler((1, 2, 4), cost=lambda b, f: costs[b])
+    for i in range(3):
+        s.push(i, 70, 0.0)
+    assert s.pop_batch() == (BucketKey(4, 70), [0, 1, 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from((70, 126, 318, 33)), st.floats(0, 100), st.booleans()),
+        min_size=1,
+        max_size=150,
+    )
+)
+def test_every_live_window_is_popped_once(items: list[tuple[int, float, bool]]) -> None:
+    """Whatever arrives or is cancelled: each live window comes out once, in a bucket of its own length,
+    and each pop starts with the most urgent live window."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    tickets = [s.push(i, frames, deadline) for i, (frames, deadline, _) in enumerate(items)]
+    for t, (_, _, cancel) in zip(tickets, items, strict=True):
+        if cancel:
+            s.cancel(t)
+    live = {i for i, (_, _, cancel) in enumerate(items) if not cancel}
+    seen: list[int] = []
+    while live - set(seen):
+        remaining = sorted(live - set(seen), key=lambda i: (items[i][1], i))
+        key, batch = s.pop_batch() or (BucketKey(0, 0), [])
+        assert batch and batch[0] == remaining[0]
+        assert len(batch) <= key.batch
+        assert all(items[i][0] == key.frames for i in batch)
+        assert [items[i][1] for i in batch] == sorted(items[i][1] for i in batch)
+        seen.extend(batch)
+    assert sorted(seen) == sorted(live)
+    assert s.pop_batch() is None and s.pending == 0
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", False), ("0", False), ("no", False), ("1", True)])
+def test_env_flag(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
+    """STREAMDEC_NO_* flags: '', '0', 'false', 'no' mean off."""
+    monkeypatch.setenv("STREAMDEC_TEST_FLAG", value)
+    assert env_flag("STREAMDEC_TEST_FLAG") is expected
+
+
+# -- the engine's async machinery on the CPU (eager tier) ----------------------------------------------
+
+
+class FakeCodec(nn.Module):
+    """A one-conv 'codec' with context (2, 2), hop 4 and 2 channels: enough to check slicing and batching."""
+
+    latent_dim, hop_size, channels, sample_rate = 8, 4, 2, 16
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.conv = nn.Conv1d(8, 8, 5, padding=2)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.randn(self.conv.weight.shape, generator=gen))
+        self.register_buffer("global_mean", torch.full((8,), 0.25))
+        self.calls: list[tuple[int, ...]] = []
+        self.gate = threading.Event()  # synthesize() waits here: lets a test hold the device thread
+        self.gate.set()
+
+    @property
+    def pad_latent(self) -> Tensor:
+        return -self.global_mean
+
+    def denormalize(self, z: Tensor) -> Tensor:
+        return z + self.global_mean
+
+    def synthesize(self, x: Tensor) -> Tensor:  # [B, 8, T] -> [B, 2, 4T]
+        self.calls.append(tuple(x.shape))
+        self.gate.wait(timeout=30)
+        y = self.conv(x)
+        b, _, t = y.shape
+        return y.view(b, 2, 4, t).permute(0, 1, 3, 2).reshape(b, 2, 4 * t)
+
+    @torch.inference_mode()
+    def decode(self, z: Tensor) -> Tensor:
+        return self.synthesize(self.denormalize(z).transpose(1, 2)).float()
+
+
+def _request(frames: int, seed: int, emit_offset: int = 2, emit_frames: int = 3, deadline: float = 0.0):
+    latents = torch.randn(frames, 8, generator=torch.Generator().manual_seed(seed))
+    return WindowRequest(seed, latents, emit_offset, emit_frames, deadline)
+
+
+def _expected(codec: FakeCodec, req: WindowRequest) -> Tensor:
+    audio = codec.decode(req.latents[None])[0]
+    return audio[:, req.emit_offset * 4 : (req.emit_offset + req.emit_frames) * 4]
+
+
+@pytest.mark.parametrize("completion", ["thread", "poll"])
+async def test_cpu_engine_decodes_and_batches(completion: str) -> None:
+    """Concurrent windows of many streams come back right and share device calls."""
+    codec = FakeCodec()
+    engine = CudaGraphEngine(codec, completion=completion, max_inflight=1)  # type: ignore[arg-type]
+    await engine.start()
+    requests = [_request(12 if i % 3 else 9, i, emit_offset=i % 4) for i in range(40)]
+    outs = await asyncio.gather(*(engine.decode_window(r) for r in requests))
+    for r, out in zip(requests, outs, strict=True):
+        assert out.shape == (2, r.emit_frames * 4)
+        torch.testing.assert_close(out, _expected(codec, r), rtol=1e-5, atol=1e-5)
+    stats = engine.stats
+    assert stats.windows == 40 and stats.decodes < 40 and stats.queued == 0
+    assert stats.by_tier == {"eager": stats.decodes}
+    await engine.aclose()
+
+
+async def test_cpu_engine_cancel_frees_slot() -> None:
+    """A window cancelled while queued is never decoded and counts as cancelled."""
+    codec = FakeCodec()
+    engine = CudaGraphEngine(codec, max_inflight=1)  # type: ignore[arg-type]
+    await engine.start()
+    codec.gate.clear()  # the first decode holds the device thread; everything after it stays queued
+    first = asyncio.ensure_future(engine.decode_window(_request(12, 1, deadline=0.0)))
+    doomed = asyncio.ensure_future(engine.decode_window(_request(11, 2, deadline=1.0)))
+    await asyncio.sleep(0.01)
+    doomed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    codec.gate.set()
+    assert (await first).shape == (2, 12)
+    assert (await engine.decode_window(_request(12, 3))).shape == (2, 12)
+    assert (1, 8, 11) not in codec.calls
+    assert engine.stats.cancelled == 1 and engine.stats.queued == 0
+    await engine.aclose()
+
+
+async def test_cpu_engine_results_are_fresh_tensors() -> None:
+    """Two results of one batch share no storage."""
+    codec = FakeCodec()
+    engine = CudaGraphEngine(codec)  # type: ignore[arg-type]
+    await engine.start()
+    a, b = await asyncio.gather(engine.decode_window(_request(12, 1)), engine.decode_window(_request(12, 2)))
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert a.untyped_storage().nbytes() == a.numel() * 4
+    await engine.aclose()
+
+
+async def test_cpu_engine_rejects_bad_windows_and_closed_use() -> None:
+    """Shape errors are typed; after aclose() every call raises EngineClosedError."""
+    engine = CudaGraphEngine(FakeCodec())  # type: ignore[arg-type]
+    with pytest.raises(ShapeError, match="expected"):
+        await engine.decode_window(WindowRequest(0, torch.randn(10, 7), 0, 1))
+    with pytest.raises(ShapeError, match="outside"):
+        await engine.decode_window(WindowRequest(0, torch.randn(10, 8), 8, 5))
+    await engine.aclose()
+    with pytest.raises(EngineClosedError):
+        await engine.decode_window(_request(12, 0))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"completion": "x"}, {"max_inflight": 0}, {"max_graphs": 0}, {"on_frozen_miss": "skip"}],
+    ids=str,
+)
+def test_engine_refuses_bad_options(kwargs: dict[str, object]) -> None:
+    """Bad options fail at construction with a ConfigError naming the value."""
+    with pytest.raises(ConfigError):
+        CudaGraphEngine(FakeCodec(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_env_flags_turn_tiers_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """STREAMDEC_NO_GRAPHS / STREAMDEC_NO_COMPILE override the constructor flags."""
+    monkeypatch.setenv("STREAMDEC_NO_GRAPHS", "1")
+    monkeypatch.setenv("STREAMDEC_NO_COMPILE", "1")
+    engine = CudaGraphEngine(FakeCodec())  # type: ignore[arg-type]
+    assert not engine.options.graphs and not engine.options.compile
