@@ -1,0 +1,7 @@
+"""Python client for the streamdec server (protocol v1): :func:`connect`, and ``streamdec stream``."""
+
+from __future__ import annotations
+
+from .client import AudioFrame, ClientStream, Connection, connect
+
+__all__ = ["AudioFrame", "ClientStream", "Connection", "connect"]

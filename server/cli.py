@@ -1,0 +1,73 @@
+"""``streamdec serve``: load a codec, warm the decoder up, serve protocol v1 until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+import anyio
+
+from streamdec.protocol import STREAM_PATH, Limits
+
+from .config import ServerConfig
+
+__all__ = ["configure_serve", "run_serve"]
+
+
+def configure_serve(parser: argparse.ArgumentParser) -> None:
+    """Add the ``streamdec serve`` arguments to ``parser``."""
+    defaults = ServerConfig()
+    parser.add_argument("--codec", default="tiny", help="preset name or checkpoint path (default: tiny)")
+    parser.add_argument("--host", default=defaults.host, help=f"interface to listen on ({defaults.host})")
+    parser.add_argument(
+        "--port", type=int, default=defaults.port, help=f"port, 0 for a free one ({defaults.port})"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--token", default=os.environ.get("STREAMDEC_TOKEN"),
+                        help="require this bearer token (default: $STREAMDEC_TOKEN; unset: no auth)")  # fmt: skip
+    parser.add_argument("--max-streams", type=int, default=defaults.limits.max_streams,
+                        help="streams per connection")  # fmt: skip
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    parser.add_argument("--grace", type=float, default=defaults.grace,
+                        help="seconds in-flight streams get to finish on shutdown before 1001")  # fmt: skip
+    parser.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
+                        help="seconds a listener may read nothing before it is closed with 1013")  # fmt: skip
+    parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
+    parser.add_argument("--max-emit", type=int, default=64, help="largest tile, in frames")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``streamdec serve``; returns the process exit code after a graceful shutdown."""
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=args.token or None,
+        limits=Limits(max_streams=args.max_streams),
+        max_connections=args.max_connections,
+        grace=args.grace,
+        send_timeout=args.send_timeout,
+    )
+    anyio.run(_serve, args, config)
+    return 0
+
+
+async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
+    import streamdec
+
+    from .app import StreamServer
+
+    codec = streamdec.load_codec(args.codec, device=args.device)
+    async with streamdec.StreamDecoder(codec, min_emit=args.min_emit, max_emit=args.max_emit) as decoder:
+        server = StreamServer(decoder, config)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            await server.start()
+            await server.warmup()
+            print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
+                  f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
+            async for signum in signals:
+                print(f"streamdec: {signal.Signals(signum).name}: finishing in-flight streams "
+                      f"(up to {config.grace:g} s), then closing", flush=True)  # fmt: skip
+                break
+            await server.shutdown()
+    print("streamdec: stopped", flush=True)

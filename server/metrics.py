@@ -1,0 +1,155 @@
+"""Server counters and their Prometheus text rendering, written by hand (no client library needed).
+
+Labels are low-cardinality only: error code and stream status, never a stream or connection id.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+
+from streamdec.protocol import ErrorCode
+from streamdec.streaming import DecoderStats
+
+__all__ = ["Histogram", "ServerMetrics"]
+
+# Seconds; first audio is tens of ms on a GPU and up to seconds on a loaded CPU.
+_TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Histogram:
+    """A cumulative Prometheus histogram over fixed upper bounds."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(init=False)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.bounds)
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            running += count
+            out.append(f'{name}_bucket{{le="{bound:g}"}} {running}')
+        out += [
+            f'{name}_bucket{{le="+Inf"}} {self.n}',
+            f"{name}_sum {self.total:.6f}",
+            f"{name}_count {self.n}",
+        ]
+        return out
+
+
+@dataclass
+class ServerMetrics:
+    """What the server counts; the app updates it, ``/metrics`` renders it."""
+
+    connections: int = 0
+    connections_total: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    audio_samples: int = 0  # samples per channel sent, all streams
+    errors: Counter[str] = field(default_factory=Counter)
+    streams: Counter[str] = field(default_factory=Counter)  # finished streams by done status
+    ttfa: Histogram = field(default_factory=lambda: Histogram(_TTFA_BUCKETS))
+
+    def render(self, decoder: DecoderStats, *, sample_rate: int, hop_size: int, warm: bool) -> str:
+        """Prometheus text exposition format 0.0.4."""
+        engine = decoder.engine
+        decoded_audio = decoder.frames * hop_size / sample_rate
+        rtf = engine.decode_seconds / decoded_audio if decoded_audio else 0.0
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, lines: list[str]) -> None:
+            out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *lines])
+
+        metric("streamdec_warm", "gauge", "1 once warm-up finished.", [f"streamdec_warm {int(warm)}"])
+        metric(
+            "streamdec_connections",
+            "gauge",
+            "Open WebSocket connections.",
+            [f"streamdec_connections {self.connections}"],
+        )
+        metric(
+            "streamdec_connections_total",
+            "counter",
+            "WebSocket connections accepted.",
+            [f"streamdec_connections_total {self.connections_total}"],
+        )
+        metric(
+            "streamdec_open_streams",
+            "gauge",
+            "Streams being decoded now.",
+            [f"streamdec_open_streams {decoder.open_streams}"],
+        )
+        metric(
+            "streamdec_streams_total",
+            "counter",
+            "Finished streams by done status.",
+            [
+                f'streamdec_streams_total{{status="{s}"}} {self.streams[s]}'
+                for s in ("completed", "cancelled", "error")
+            ],
+        )
+        metric(
+            "streamdec_errors_total",
+            "counter",
+            "Error messages sent, by wire code.",
+            [f'streamdec_errors_total{{code="{c.value}"}} {self.errors[c.value]}' for c in ErrorCode],
+        )
+        metric(
+            "streamdec_received_bytes_total",
+            "counter",
+            "WebSocket message bytes received.",
+            [f"streamdec_received_bytes_total {self.bytes_in}"],
+        )
+        metric(
+            "streamdec_sent_bytes_total",
+            "counter",
+            "WebSocket message bytes sent.",
+            [f"streamdec_sent_bytes_total {self.bytes_out}"],
+        )
+        metric(
+            "streamdec_time_to_first_audio_seconds",
+            "histogram",
+            "From a stream's first latent message received to its first audio message sent.",
+            self.ttfa.lines("streamdec_time_to_first_audio_seconds"),
+        )
+        metric(
+            "streamdec_window_decode_seconds",
+            "summary",
+            "Decode wall time per window (sum and count).",
+            [
+                f"streamdec_window_decode_seconds_sum {engine.decode_seconds:.6f}",
+                f"streamdec_window_decode_seconds_count {engine.windows}",
+            ],
+        )
+        metric(
+            "streamdec_audio_seconds_total",
+            "counter",
+            "Audio sent, in seconds per channel.",
+            [f"streamdec_audio_seconds_total {self.audio_samples / sample_rate:.6f}"],
+        )
+        metric(
+            "streamdec_realtime_factor",
+            "gauge",
+            "Decode seconds per second of audio decoded since start (below 1 is faster than real time).",
+            [f"streamdec_realtime_factor {rtf:.6f}"],
+        )
+        metric(
+            "streamdec_engine_queued_windows",
+            "gauge",
+            "Windows waiting for the engine.",
+            [f"streamdec_engine_queued_windows {engine.queued}"],
+        )
+        return "\n".join(out) + "\n"

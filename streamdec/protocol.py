@@ -1,0 +1,584 @@
+"""Wire protocol v1, sans-I/O: bytes and text in, validated messages out, and back.
+
+Nothing here touches a socket or an event loop. The server feeds each received WebSocket message to
+:class:`ServerState` and sends what it returns; the client library uses the encoders and parsers at the
+bottom. ``PROTOCOL.md`` at the repository root is the normative description; this module implements it.
+
+Binary messages (all integers little-endian)::
+
+    latent, client -> server   "<4sIII"  b"SDLT" stream seq n_frames            + n_frames*latent_dim values
+    audio,  server -> client   "<4sIIQI" b"SDAU" stream seq start_sample n_samples + n_samples*channels values
+
+Text messages are JSON objects with a ``type``. The one mapping from :mod:`streamdec.errors` classes to
+wire error codes and close codes lives here (:func:`error_code_for`, :data:`CLOSE_CODES`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from streamdec.errors import (
+    ConfigError,
+    DTypeError,
+    InputError,
+    NonFiniteError,
+    ProtocolError,
+    ShapeError,
+    StreamEndedError,
+)
+
+__all__ = [
+    "AUDIO_HEADER",
+    "AUDIO_MAGIC",
+    "CLOSE_CODES",
+    "LATENT_DTYPES",
+    "LATENT_HEADER",
+    "LATENT_MAGIC",
+    "MAX_STREAM_ID",
+    "PROTOCOL_VERSION",
+    "SAMPLE_FORMATS",
+    "STREAM_ENDING_CODES",
+    "STREAM_PATH",
+    "AudioMessage",
+    "Cancel",
+    "CloseCode",
+    "CodecInfo",
+    "End",
+    "ErrorCode",
+    "LatentMessage",
+    "Limits",
+    "ServerState",
+    "Start",
+    "decode_audio_samples",
+    "encode_audio",
+    "encode_latents",
+    "error_code_for",
+    "error_message",
+    "parse_audio",
+    "parse_server_text",
+    "pcm_s16le",
+]
+
+PROTOCOL_VERSION = 1
+STREAM_PATH = "/v1/stream"
+LATENT_MAGIC = b"SDLT"
+AUDIO_MAGIC = b"SDAU"
+LATENT_HEADER = struct.Struct("<4sIII")  # magic, stream, seq, n_frames
+AUDIO_HEADER = struct.Struct("<4sIIQI")  # magic, stream, seq, start_sample, n_samples
+MAX_STREAM_ID = 2**32 - 1
+
+#: latent dtype name -> torch dtype; every one is 2 or 4 bytes, little-endian on the wire
+LATENT_DTYPES: Mapping[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+#: sample format name -> bytes per sample
+SAMPLE_FORMATS: Mapping[str, int] = {"pcm_s16le": 2, "pcm_f32le": 4}
+DEFAULT_DTYPE = "float32"
+DEFAULT_FORMAT = "pcm_s16le"
+
+
+class ErrorCode(str, enum.Enum):
+    """The ``code`` of a server ``error`` message."""
+
+    BAD_JSON = "bad_json"
+    BAD_MESSAGE = "bad_message"
+    UNKNOWN_STREAM = "unknown_stream"
+    DUPLICATE_STREAM = "duplicate_stream"
+    TOO_MANY_STREAMS = "too_many_streams"
+    BAD_PAYLOAD = "bad_payload"
+    OUT_OF_ORDER = "out_of_order"
+    NON_FINITE = "non_finite"
+    TOO_LARGE = "too_large"
+    OVERLOADED = "overloaded"
+    UNAUTHORIZED = "unauthorized"
+    INTERNAL = "internal"
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes the server uses."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001  # server shutdown, after in-flight streams finished (or the grace period ran out)
+    MESSAGE_TOO_BIG = 1009  # a message over ``max_message_bytes``; sent by the websocket layer itself
+    INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013  # overloaded: too many connections, or a listener stalled past the bound
+
+
+#: codes whose error ends the named stream: the server follows the error with ``done`` status ``error``.
+#: Every other code reports a message that could not be attributed to a running stream and ends nothing.
+STREAM_ENDING_CODES = frozenset(
+    {
+        ErrorCode.BAD_PAYLOAD,
+        ErrorCode.OUT_OF_ORDER,
+        ErrorCode.NON_FINITE,
+        ErrorCode.TOO_LARGE,
+        ErrorCode.INTERNAL,
+    }
+)
+
+#: codes that, raised for the connection as a whole (``stream`` null), close it with this close code
+CLOSE_CODES: Mapping[ErrorCode, CloseCode] = {
+    ErrorCode.OVERLOADED: CloseCode.TRY_AGAIN_LATER,
+    ErrorCode.INTERNAL: CloseCode.INTERNAL_ERROR,
+}
+
+# The one mapping from the exception tree to wire codes; most specific class first.
+_ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (NonFiniteError, ErrorCode.NON_FINITE),
+    (ShapeError, ErrorCode.BAD_PAYLOAD),
+    (DTypeError, ErrorCode.BAD_PAYLOAD),
+    (StreamEndedError, ErrorCode.UNKNOWN_STREAM),
+    (InputError, ErrorCode.BAD_PAYLOAD),
+)
+
+
+def error_code_for(exc: BaseException) -> ErrorCode:
+    """The wire code for ``exc``: a ProtocolError's own code, input errors by kind, anything else internal."""
+    if isinstance(exc, ProtocolError):
+        return ErrorCode(exc.code)
+    for cls, code in _ERROR_CODES:
+        if isinstance(exc, cls):
+            return code
+    return ErrorCode.INTERNAL
+
+
+def _fail(code: ErrorCode, message: str, stream: int | None = None) -> ProtocolError:
+    return ProtocolError(code.value, message, stream=stream)
+
+
+# --------------------------------------------------------------------------------------------------
+# Static descriptions sent in ``ready``
+
+
+@dataclass(frozen=True)
+class CodecInfo:
+    """What a client needs to know about the codec behind the server."""
+
+    name: str
+    latent_dim: int
+    hop_size: int
+    sample_rate: int
+    channels: int
+    context: tuple[int, int]  # (left, right) latent frames of receptive field
+
+    @classmethod
+    def from_codec(cls, codec: Any) -> CodecInfo:
+        """Read the description off a loaded codec (``streamdec.load_codec``)."""
+        left, right = codec.context_frames()
+        return cls(
+            name=str(codec.name),
+            latent_dim=int(codec.latent_dim),
+            hop_size=int(codec.hop_size),
+            sample_rate=int(codec.sample_rate),
+            channels=int(codec.channels),
+            context=(int(left), int(right)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "latent_dim": self.latent_dim,
+            "hop_size": self.hop_size,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
+            "context": list(self.context),
+        }
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-connection limits, advertised in ``ready`` and enforced by :class:`ServerState`.
+
+    ``max_message_bytes`` bounds every received message (the websocket layer closes with 1009 above it);
+    it must leave room for a full float32 latent message of ``max_frames_per_message`` frames.
+    """
+
+    max_streams: int = 8
+    max_frames_per_message: int = 512
+    max_message_bytes: int = 0  # 0: the smallest size that fits a full float32 message, at least 64 KiB
+
+    def resolved(self, latent_dim: int) -> Limits:
+        """These limits with ``max_message_bytes`` filled in for ``latent_dim``; raises ConfigError if unusable."""
+        if self.max_streams < 1 or self.max_frames_per_message < 1:
+            raise ConfigError(
+                f"max_streams={self.max_streams} and max_frames_per_message={self.max_frames_per_message} "
+                "must both be >= 1"
+            )
+        needed = LATENT_HEADER.size + self.max_frames_per_message * latent_dim * 4
+        size = self.max_message_bytes or max(needed, 64 * 1024)
+        if size < needed:
+            raise ConfigError(
+                f"max_message_bytes={size} cannot hold a float32 message of max_frames_per_message="
+                f"{self.max_frames_per_message} frames x latent_dim={latent_dim} ({needed} bytes); "
+                "raise max_message_bytes or lower max_frames_per_message"
+            )
+        return Limits(self.max_streams, self.max_frames_per_message, size)
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "max_streams": self.max_streams,
+            "max_frames_per_message": self.max_frames_per_message,
+            "max_message_bytes": self.max_message_bytes,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Client -> server messages
+
+
+@dataclass(frozen=True)
+class Start:
+    stream: int
+    dtype: str = DEFAULT_DTYPE
+    format: str = DEFAULT_FORMAT
+
+
+@dataclass(frozen=True)
+class End:
+    stream: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    stream: int
+
+
+ClientControl = Start | End | Cancel
+
+
+@dataclass(frozen=True, eq=False)
+class LatentMessage:
+    """One validated latent message; ``latents`` is ``[n_frames, latent_dim]`` in the stream's dtype."""
+
+    stream: int
+    seq: int
+    latents: torch.Tensor
+
+
+# --------------------------------------------------------------------------------------------------
+# Payload conversion
+
+
+def _from_le_bytes(payload: bytes | bytearray | memoryview, dtype: torch.dtype) -> torch.Tensor:
+    # bytearray: torch.frombuffer warns on read-only buffers, and the copy gives the tensor its own memory.
+    buf = bytearray(payload)
+    if sys.byteorder == "big":  # pragma: no cover - no big-endian CI
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        np.frombuffer(buf, dtype=f"u{itemsize}").byteswap(inplace=True)
+    return torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+
+
+def _to_le_bytes(array: np.ndarray) -> bytes:
+    return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def pcm_s16le(samples: torch.Tensor) -> torch.Tensor:
+    """The s16 conversion of float audio: ``round_half_even(clamp(x, -1, 1) * 32767)`` as int16."""
+    return torch.round(samples.clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+
+
+def encode_latents(
+    stream: int, seq: int, latents: torch.Tensor | np.ndarray, dtype: str = DEFAULT_DTYPE
+) -> bytes:
+    """A latent message carrying ``latents`` (``[n_frames, latent_dim]``) converted to ``dtype``."""
+    tensor = torch.as_tensor(latents).detach().to("cpu", LATENT_DTYPES[dtype]).contiguous()
+    if tensor.dim() != 2:
+        raise ShapeError(f"latents must be [n_frames, latent_dim], got shape {tuple(tensor.shape)}")
+    raw = tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int32).numpy()
+    return LATENT_HEADER.pack(LATENT_MAGIC, stream, seq, tensor.shape[0]) + _to_le_bytes(raw)
+
+
+def encode_audio(stream: int, seq: int, start_sample: int, samples: torch.Tensor, fmt: str) -> bytes:
+    """An audio message: ``samples`` is float ``[channels, n]``; interleaved on the wire in ``fmt``."""
+    frames = samples.detach().to("cpu", torch.float32).t().contiguous()  # [n, channels], interleaved
+    pcm = pcm_s16le(frames).numpy() if fmt == "pcm_s16le" else frames.numpy()
+    return AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1]) + _to_le_bytes(pcm)
+
+
+# --------------------------------------------------------------------------------------------------
+# Server JSON
+
+
+def _dumps(obj: Mapping[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def error_message(code: ErrorCode | str, message: str, stream: int | None = None) -> str:
+    """An ``error`` message."""
+    return _dumps({"type": "error", "stream": stream, "code": ErrorCode(code).value, "message": message})
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing client messages
+
+
+def _parse_stream_id(obj: Mapping[str, Any]) -> int:
+    stream = obj.get("stream")
+    if type(stream) is not int or not 0 <= stream <= MAX_STREAM_ID:
+        raise _fail(
+            ErrorCode.BAD_MESSAGE, f"'stream' must be an integer in [0, {MAX_STREAM_ID}], got {stream!r}"
+        )
+    return stream
+
+
+def _parse_choice(
+    obj: Mapping[str, Any], key: str, choices: Mapping[str, Any], default: str, stream: int
+) -> str:
+    value = obj.get(key, default)
+    if not isinstance(value, str) or value not in choices:
+        raise _fail(ErrorCode.BAD_MESSAGE, f"{key!r} must be one of {sorted(choices)}, got {value!r}", stream)
+    return value
+
+
+def parse_client_text(text: str | bytes) -> ClientControl:
+    """Parse one text message from a client; raises ProtocolError ``bad_json`` or ``bad_message``.
+
+    Unknown keys are ignored so that later minor versions can add fields.
+    """
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _fail(ErrorCode.BAD_JSON, f"text message is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise _fail(ErrorCode.BAD_JSON, f"a text message must be a JSON object, got {type(obj).__name__}")
+    kind = obj.get("type")
+    if kind not in ("start", "end", "cancel"):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"'type' must be 'start', 'end' or 'cancel', got {kind!r}")
+    stream = _parse_stream_id(obj)
+    if kind == "end":
+        return End(stream)
+    if kind == "cancel":
+        return Cancel(stream)
+    dtype = _parse_choice(obj, "dtype", LATENT_DTYPES, DEFAULT_DTYPE, stream)
+    fmt = _parse_choice(obj, "format", SAMPLE_FORMATS, DEFAULT_FORMAT, stream)
+    return Start(stream, dtype, fmt)
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-connection state
+
+
+@dataclass
+class _StreamState:
+    start: Start
+    accepting: bool = True  # False after end, cancel or an error: no more input for this stream
+    next_seq: int = 0  # expected seq of the next latent message
+    frames_in: int = 0  # latent frames accepted
+    audio_seq: int = 0  # seq of the next audio message
+    samples_out: int = 0  # samples per channel sent
+
+
+@dataclass
+class ServerState:
+    """One connection's protocol state: which streams are open, what each expects next.
+
+    Feed every received message to :meth:`receive_text` / :meth:`receive_binary`; they return the
+    validated message or raise :class:`~streamdec.errors.ProtocolError` with the wire code and the stream
+    it concerns. A stream stays in the table from its ``start`` until :meth:`done` builds its ``done``
+    message; it accepts input only until ``end``, ``cancel`` or a stream-ending error.
+    """
+
+    codec: CodecInfo
+    limits: Limits
+    accepting_streams: bool = True  # False once the server shuts down: new starts get ``overloaded``
+    _streams: dict[int, _StreamState] = field(default_factory=dict)
+
+    # -- inbound -----------------------------------------------------------------------------------
+
+    def receive_text(self, text: str | bytes) -> ClientControl:
+        """Validate a control message and apply it to the stream table."""
+        msg = parse_client_text(text)
+        if isinstance(msg, Start):
+            self._open(msg)
+        elif isinstance(msg, Cancel) and msg.stream in self._streams:
+            self._streams[msg.stream].accepting = False  # cancel also stops a stream that already ended
+        else:
+            self._input_of(msg.stream).accepting = False
+        return msg
+
+    def receive_binary(self, data: bytes | bytearray | memoryview) -> LatentMessage:
+        """Validate a latent message; errors that end the stream close its input before raising."""
+        if len(data) < LATENT_HEADER.size:
+            raise _fail(
+                ErrorCode.BAD_MESSAGE,
+                f"binary message of {len(data)} bytes is shorter than the "
+                f"{LATENT_HEADER.size}-byte latent header",
+            )
+        magic, stream, seq, n_frames = LATENT_HEADER.unpack_from(data)
+        if magic != LATENT_MAGIC:
+            raise _fail(ErrorCode.BAD_MESSAGE, f"binary message magic {magic!r} is not {LATENT_MAGIC!r}")
+        state = self._input_of(stream)
+        try:
+            latents = self._check_latents(state, seq, n_frames, memoryview(data)[LATENT_HEADER.size :])
+        except ProtocolError:
+            state.accepting = False
+            raise
+        state.next_seq += 1
+        state.frames_in += n_frames
+        return LatentMessage(stream, seq, latents)
+
+    def _check_latents(
+        self, state: _StreamState, seq: int, n_frames: int, payload: memoryview
+    ) -> torch.Tensor:
+        stream, dim = state.start.stream, self.codec.latent_dim
+        if seq != state.next_seq:
+            raise _fail(
+                ErrorCode.OUT_OF_ORDER, f"latent seq {seq} where {state.next_seq} was expected", stream
+            )
+        if n_frames > self.limits.max_frames_per_message:
+            raise _fail(
+                ErrorCode.TOO_LARGE,
+                f"n_frames={n_frames} exceeds max_frames_per_message="
+                f"{self.limits.max_frames_per_message}; send smaller chunks",
+                stream,
+            )
+        dtype = LATENT_DTYPES[state.start.dtype]
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        expected = n_frames * dim * itemsize
+        if len(payload) != expected:
+            raise _fail(
+                ErrorCode.BAD_PAYLOAD,
+                f"payload of {len(payload)} bytes, expected n_frames={n_frames} x "
+                f"latent_dim={dim} x {itemsize} bytes ({state.start.dtype}) = {expected}",
+                stream,
+            )
+        return _from_le_bytes(payload, dtype).view(n_frames, dim)
+
+    def _open(self, msg: Start) -> None:
+        if msg.stream in self._streams:
+            raise _fail(
+                ErrorCode.DUPLICATE_STREAM,
+                f"stream {msg.stream} is already open; wait for its 'done' or pick another id",
+                msg.stream,
+            )
+        if not self.accepting_streams:
+            raise _fail(
+                ErrorCode.OVERLOADED, "the server is shutting down and takes no new streams", msg.stream
+            )
+        if len(self._streams) >= self.limits.max_streams:
+            raise _fail(
+                ErrorCode.TOO_MANY_STREAMS,
+                f"{len(self._streams)} streams open, max_streams="
+                f"{self.limits.max_streams}; wait for a 'done'",
+                msg.stream,
+            )
+        self._streams[msg.stream] = _StreamState(msg)
+
+    def _input_of(self, stream: int) -> _StreamState:
+        state = self._streams.get(stream)
+        if state is None or not state.accepting:
+            why = "was never started" if state is None else "takes no more input (ended, cancelled or failed)"
+            raise _fail(ErrorCode.UNKNOWN_STREAM, f"stream {stream} {why}", stream)
+        return state
+
+    # -- outbound ----------------------------------------------------------------------------------
+
+    def ready(self) -> str:
+        """The ``ready`` message sent first on every connection."""
+        return _dumps(
+            {
+                "type": "ready",
+                "protocol": PROTOCOL_VERSION,
+                "codec": self.codec.to_json(),
+                "limits": self.limits.to_json(),
+            }
+        )
+
+    def started(self, stream: int) -> str:
+        return _dumps({"type": "started", "stream": stream})
+
+    def close_input(self, stream: int) -> None:
+        """Take no more input for ``stream`` (after an error the decoder raised)."""
+        if stream in self._streams:
+            self._streams[stream].accepting = False
+
+    def audio(self, stream: int, samples: torch.Tensor) -> bytes:
+        """The next audio message of ``stream`` for float ``samples`` ``[channels, n]``."""
+        state = self._streams[stream]
+        data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format)
+        state.audio_seq += 1
+        state.samples_out += int(samples.shape[1])
+        return data
+
+    def done(self, stream: int, status: Literal["completed", "cancelled", "error"]) -> str:
+        """The ``done`` message of ``stream``; removes it from the table so its id may be reused."""
+        state = self._streams.pop(stream)
+        return _dumps(
+            {
+                "type": "done",
+                "stream": stream,
+                "status": status,
+                "frames": state.frames_in,
+                "samples": state.samples_out,
+            }
+        )
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def stream_ids(self) -> list[int]:
+        return list(self._streams)
+
+
+# --------------------------------------------------------------------------------------------------
+# Client side: parsing what the server sends
+
+
+@dataclass(frozen=True, eq=False)
+class AudioMessage:
+    """One received audio message; ``pcm`` holds ``n_samples x channels`` interleaved samples."""
+
+    stream: int
+    seq: int
+    start_sample: int
+    n_samples: int
+    pcm: bytes
+
+
+def parse_audio(data: bytes | bytearray | memoryview) -> AudioMessage:
+    """Parse an audio message; raises ProtocolError ``bad_message`` on a short or foreign message."""
+    if len(data) < AUDIO_HEADER.size:
+        raise _fail(ErrorCode.BAD_MESSAGE, f"audio message of {len(data)} bytes is shorter than its header")
+    magic, stream, seq, start, n = AUDIO_HEADER.unpack_from(data)
+    if magic != AUDIO_MAGIC:
+        raise _fail(ErrorCode.BAD_MESSAGE, f"audio message magic {magic!r} is not {AUDIO_MAGIC!r}")
+    return AudioMessage(stream, seq, start, n, bytes(memoryview(data)[AUDIO_HEADER.size :]))
+
+
+def decode_audio_samples(msg: AudioMessage, fmt: str, channels: int) -> np.ndarray:
+    """The samples of ``msg`` as float32 ``[channels, n_samples]`` (s16 scaled by 1/32767)."""
+    width = SAMPLE_FORMATS[fmt]
+    if len(msg.pcm) != msg.n_samples * channels * width:
+        raise _fail(
+            ErrorCode.BAD_MESSAGE,
+            f"audio payload of {len(msg.pcm)} bytes, expected {msg.n_samples} x {channels} x {width}",
+            msg.stream,
+        )
+    if fmt == "pcm_s16le":
+        pcm = np.frombuffer(msg.pcm, dtype="<i2").astype(np.float32) / 32767.0
+    else:
+        pcm = np.frombuffer(msg.pcm, dtype="<f4").astype(np.float32)
+    return pcm.reshape(msg.n_samples, channels).T.copy()
+
+
+def parse_server_text(text: str | bytes) -> dict[str, Any]:
+    """Parse a server control message; raises ProtocolError ``bad_json`` / ``bad_message``."""
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise _fail(ErrorCode.BAD_JSON, f"server sent invalid JSON: {exc}") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"server message without a 'type': {obj!r:.200}")
+    return obj
