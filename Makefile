@@ -1,0 +1,44 @@
+# The commands a newcomer needs. Every install goes through constraints-cpu.txt so that pip takes the
+# CPU torch wheel instead of a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install demo test lint typecheck pytest bench-cpu clean
+
+help:
+	@echo "make demo   - create .venv if missing, install, stream a generated clip through the tiny codec"
+	@echo "make test   - create .venv if missing, install, run lint, types and the whole test suite"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml constraints-cpu.txt
+	$(PIP) install -q -c constraints-cpu.txt -e '.[dev,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py --out out/demo.wav
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check streamdec server clients scripts tests
+	$(VENV)/bin/ruff format --check streamdec server clients scripts tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest
+
+test: lint typecheck pytest
+
+bench-cpu: $(STAMP)
+	$(PY) scripts/bench_cpu.py --out bench/results
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,102 @@
+"""The one exception tree of streamdec.
+
+::
+
+    StreamdecError
+    ├── ConfigError            a policy, bucket set or geometry that cannot work (planning, engine, server)
+    ├── CodecError             a codec that cannot be built or loaded
+    │   └── CheckpointError    a checkpoint file with missing, unexpected or mis-shaped tensors
+    ├── InputError             latents a caller handed in that cannot be decoded
+    │   ├── ShapeError         wrong rank or latent_dim
+    │   ├── DTypeError         not a floating-point array
+    │   ├── NonFiniteError     NaN or Inf in a chunk (rejected unless allowed)
+    │   └── StreamEndedError   a chunk fed after the stream ended
+    ├── EngineError            the decode engine failed or was used after it closed
+    │   ├── EngineClosedError  submit after ``aclose()``
+    │   └── CaptureFrozenError a new graph capture was needed after ``freeze()``
+    └── ProtocolError          a wire message that breaks protocol v1; carries the wire ``code``
+        └── ServerError        an ``error`` message a server sent to a client (client library)
+
+Every message names the value, the limit and the fix. Lower-level errors are re-raised with ``from``.
+The mapping from these classes to wire error codes lives in :mod:`streamdec.protocol` only.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureFrozenError",
+    "CheckpointError",
+    "CodecError",
+    "ConfigError",
+    "DTypeError",
+    "EngineClosedError",
+    "EngineError",
+    "InputError",
+    "NonFiniteError",
+    "ProtocolError",
+    "ServerError",
+    "ShapeError",
+    "StreamEndedError",
+    "StreamdecError",
+]
+
+
+class StreamdecError(Exception):
+    """Base of every error streamdec raises on purpose."""
+
+
+class ConfigError(StreamdecError, ValueError):
+    """A configuration (emission policy, buckets, limits, geometry) that cannot work."""
+
+
+class CodecError(StreamdecError):
+    """A codec that cannot be built or loaded."""
+
+
+class CheckpointError(CodecError):
+    """A checkpoint whose tensors do not match the codec: names the missing/unexpected keys and shapes."""
+
+
+class InputError(StreamdecError, ValueError):
+    """Latents handed in by a caller that cannot be decoded."""
+
+
+class ShapeError(InputError):
+    """Latents of the wrong rank or latent dimension."""
+
+
+class DTypeError(InputError, TypeError):
+    """Latents that are not floating point."""
+
+
+class NonFiniteError(InputError):
+    """Latents holding NaN or Inf."""
+
+
+class StreamEndedError(InputError):
+    """A chunk fed to a stream after it ended."""
+
+
+class EngineError(StreamdecError, RuntimeError):
+    """The decode engine failed."""
+
+
+class EngineClosedError(EngineError):
+    """A window submitted to an engine that has been closed."""
+
+
+class CaptureFrozenError(EngineError):
+    """A new CUDA graph capture was needed after the engine was frozen."""
+
+
+class ProtocolError(StreamdecError):
+    """A wire message that breaks the protocol; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str, *, stream: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.stream = stream
+
+
+class ServerError(ProtocolError):
+    """An ``error`` message the server sent; ``code`` and ``stream`` are the message's own."""

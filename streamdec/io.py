@@ -1,0 +1,63 @@
+"""Files users hand the CLI: latent files in, WAV files out."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import InputError
+
+__all__ = ["load_latents", "pcm16", "save_latents", "write_wav"]
+
+
+def load_latents(path: str | Path) -> torch.Tensor:
+    """Read ``[T, D]`` latents from ``.npy`` or ``.safetensors`` (key ``latents``, or its only tensor)."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        array = np.load(path, allow_pickle=False)
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    elif path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        if "latents" in tensors:
+            tensor = tensors["latents"]
+        elif len(tensors) == 1:
+            (tensor,) = tensors.values()
+        else:
+            raise InputError(f"{path} holds {sorted(tensors)}: name the latent tensor 'latents'")
+    else:
+        raise InputError(f"{path}: unknown latent file type {path.suffix!r}; use .npy or .safetensors")
+    if tensor.dim() == 3 and tensor.shape[0] == 1:
+        tensor = tensor[0]
+    return tensor
+
+
+def save_latents(path: str | Path, latents: torch.Tensor) -> None:
+    """Write ``[T, D]`` latents as ``.npy`` or ``.safetensors`` (key ``latents``)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({"latents": latents.contiguous()}, str(path))
+    else:
+        np.save(path, latents.float().numpy())
+
+
+def pcm16(samples: torch.Tensor) -> bytes:
+    """``[C, N]`` float audio -> interleaved little-endian s16: clip to [-1, 1], scale by 32767, round."""
+    scaled = torch.round(samples.clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
+    return scaled.t().contiguous().numpy().astype("<i2").tobytes()
+
+
+def write_wav(path: str | Path, samples: torch.Tensor, sample_rate: int) -> None:
+    """Write ``[C, N]`` float audio as a 16-bit PCM WAV file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(int(samples.shape[0]))
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(pcm16(samples))

@@ -1,0 +1,275 @@
+"""The thin async shell: ``StreamDecoder`` and its ``decode_tiles`` iterator.
+
+Data flows one way: chunks -> :class:`~streamdec.session.StreamSession` (plans windows) -> engine (decodes
+off the event loop) -> tiles. Intake is pull-based: a chunk is read from the caller's iterable only when
+the session has no due window, so a slow consumer of tiles stops chunk intake instead of growing buffers.
+
+Example::
+
+    async with StreamDecoder(codec, min_emit=4, max_emit=64) as dec:
+        async for tile in dec.decode_tiles(chunks):
+            play(tile.samples)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import torch
+
+from .codecs import Codec
+from .engine import Engine, EngineStats, WarmupReport, WindowRequest, create_engine
+from .errors import ConfigError, EngineClosedError, ShapeError
+from .planning import StreamPlanner, default_window_sizes, plan_tiles
+from .session import Job, StreamSession, Tile, as_latents
+
+__all__ = ["DecoderStats", "StreamDecoder", "TileStream"]
+
+Chunks = AsyncIterable[Any] | Iterable[Any]
+
+
+@dataclass
+class DecoderStats:
+    """What a decoder has done; ``engine`` holds the engine's own counters."""
+
+    open_streams: int = 0
+    streams: int = 0  # streams opened in total
+    tiles: int = 0
+    frames: int = 0  # frames emitted in tiles
+    warm: bool = False
+    engine: EngineStats = field(default_factory=EngineStats)
+
+
+class StreamDecoder:
+    """Decodes any number of concurrent latent streams through one engine.
+
+    ``min_emit``/``max_emit`` set the emission schedule (first tile, then doubling up to ``max_emit``);
+    ``window_sizes`` the window lengths (default: one per emission size, ``left + emit + right``), which
+    are also the shapes a GPU engine captures. ``engine`` defaults to :func:`create_engine` for the
+    codec's device, built with ``engine_options``.
+    """
+
+    def __init__(
+        self,
+        codec: Codec,
+        *,
+        min_emit: int = 4,
+        max_emit: int = 64,
+        window_sizes: Iterable[int] | None = None,
+        engine: Engine | None = None,
+        allow_non_finite: bool = False,
+        **engine_options: Any,
+    ) -> None:
+        self.codec = codec
+        self.left, self.right = codec.context_frames()
+        self.min_emit, self.max_emit = min_emit, max_emit
+        if window_sizes is None:
+            window_sizes = default_window_sizes(self.left, self.right, min_emit, max_emit)
+        # Validates the policy once, with the numbers in the message, before any stream exists.
+        self.window_sizes = self._planner(min_emit, max_emit, window_sizes).window_sizes
+        self.allow_non_finite = allow_non_finite
+        self.engine = engine if engine is not None else create_engine(codec, **engine_options)
+        self._stats = DecoderStats()
+        self._ids = itertools.count()
+        self._closed = False
+
+    def _planner(self, min_emit: int, max_emit: int, sizes: Iterable[int]) -> StreamPlanner:
+        return StreamPlanner(self.left, self.right, min_emit=min_emit, max_emit=max_emit, window_sizes=sizes)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> StreamDecoder:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        if self._closed:
+            raise EngineClosedError("StreamDecoder is closed: create a new one")
+        await self.engine.start()
+
+    async def warmup(self) -> WarmupReport:
+        """Prepare every window shape (compile and capture on a GPU). Explicit, and may take a while."""
+        report = await self.engine.warmup(self.window_sizes)
+        self._stats.warm = True
+        return report
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.engine.aclose()
+
+    @property
+    def stats(self) -> DecoderStats:
+        stats = DecoderStats(**{**self._stats.__dict__})
+        stats.engine = self.engine.stats
+        return stats
+
+    # -- streams -----------------------------------------------------------------------------------
+    def decode_tiles(
+        self,
+        chunks: Chunks,
+        *,
+        min_emit: int | None = None,
+        max_emit: int | None = None,
+        allow_non_finite: bool | None = None,
+    ) -> TileStream:
+        """Decode one stream: iterate the returned object for its tiles, in order.
+
+        ``chunks`` is an async or plain iterable of ``[T, D]`` / ``[1, T, D]`` arrays or tensors. Bad
+        chunks raise :class:`~streamdec.errors.InputError` subclasses out of the iteration. Breaking out,
+        ``aclose()`` or cancelling the consuming task stops the stream's work and frees it.
+        """
+        if self._closed:
+            raise EngineClosedError("decode_tiles() on a closed StreamDecoder")
+        planner = self._planner(
+            self.min_emit if min_emit is None else min_emit,
+            self.max_emit if max_emit is None else max_emit,
+            self.window_sizes,
+        )
+        session = StreamSession(
+            planner,
+            latent_dim=self.codec.latent_dim,
+            hop_size=self.codec.hop_size,
+            pad_latent=self.codec.pad_latent,
+            allow_non_finite=self.allow_non_finite if allow_non_finite is None else allow_non_finite,
+        )
+        return TileStream(self, session, chunks, next(self._ids))
+
+    async def decode(self, latents: Any, *, max_in_flight: int = 8) -> torch.Tensor:
+        """Decode whole clips through the engine, tiled: ``[T, D] -> [C, T*hop]``, ``[B, T, D] -> [B, C, T*hop]``.
+
+        Memory beyond the output stays bounded for any length: at most ``max_in_flight`` windows are
+        decoded at once.
+        """
+        batched = isinstance(latents, torch.Tensor | np.ndarray) and len(latents.shape) == 3
+        clips = list(latents) if batched else [latents]
+        rows = [as_latents(c, self.codec.latent_dim, allow_non_finite=self.allow_non_finite) for c in clips]
+        frames = {int(r.shape[0]) for r in rows}
+        if len(frames) != 1:
+            raise ShapeError(f"clips in one batch have different lengths {sorted(frames)}")
+        (n,) = frames
+        hop = self.codec.hop_size
+        out = torch.empty(len(rows), self.codec.channels, n * hop)
+        windows = plan_tiles(n, self.window_sizes[-1], self.left, self.right, self.window_sizes)
+        limit = asyncio.Semaphore(max_in_flight)
+
+        async def one(row: int, ws: int, wf: int, es: int, ee: int) -> None:
+            async with limit:
+                request = WindowRequest(-1, rows[row][ws : ws + wf].clone(), es - ws, ee - es)
+                out[row, :, es * hop : ee * hop] = await self.engine.decode_window(request)
+
+        await asyncio.gather(*(one(r, *w) for r in range(len(rows)) for w in windows))
+        return out if batched else out[0]
+
+
+class TileStream(AsyncIterator[Tile]):
+    """The async iterator ``decode_tiles`` returns; also an async context manager that always cleans up."""
+
+    def __init__(self, decoder: StreamDecoder, session: StreamSession, chunks: Chunks, stream_id: int) -> None:
+        self.decoder = decoder
+        self.session = session
+        self.stream_id = stream_id
+        self._source: AsyncIterator[Any] | Iterator[Any] = (
+            aiter(chunks) if isinstance(chunks, AsyncIterable) else iter(chunks)
+        )
+        self._is_async = isinstance(chunks, AsyncIterable)
+        self._closed = False
+        self.first_audio_at: float | None = None  # time.monotonic() of the first tile
+        decoder._stats.open_streams += 1
+        decoder._stats.streams += 1
+
+    async def __aenter__(self) -> TileStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> TileStream:
+        return self
+
+    async def __anext__(self) -> Tile:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            job = await self._next_job()
+            if job is None:
+                self._free()
+                raise StopAsyncIteration
+            audio = await self.decoder.engine.decode_window(self._request(job))
+            tile = self.session.complete(job, audio)
+        except StopAsyncIteration:
+            raise
+        except BaseException:
+            # Bad input, engine failure or cancellation: the stream is over and its slot is freed.
+            await self.aclose()
+            raise
+        if self.first_audio_at is None:
+            self.first_audio_at = time.monotonic()
+        self.decoder._stats.tiles += 1
+        self.decoder._stats.frames += tile.frames
+        return tile
+
+    async def _next_job(self) -> Job | None:
+        """Pull chunks until a window is due; None once the stream has ended and everything went out."""
+        while True:
+            job = self.session.next_job()
+            if job is not None or self.session.finished:
+                return job
+            try:
+                chunk = await self._pull()
+            except StopAsyncIteration:
+                self.session.end()
+                continue
+            self.session.feed(chunk)
+
+    async def _pull(self) -> Any:
+        if self._is_async:
+            return await self._source.__anext__()  # type: ignore[union-attr]
+        try:
+            return next(self._source)  # type: ignore[arg-type]
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def _request(self, job: Job) -> WindowRequest:
+        window = job.window
+        return WindowRequest(
+            stream_id=self.stream_id,
+            latents=job.latents,
+            emit_offset=window.emit_offset,
+            emit_frames=window.emit_frames,
+            deadline=self._deadline(),
+        )
+
+    def _deadline(self) -> float:
+        """When this stream's listener runs out of audio: now, before the first tile."""
+        if self.first_audio_at is None:
+            return time.monotonic()
+        played = self.session.completed_frames * self.decoder.codec.hop_size / self.decoder.codec.sample_rate
+        return self.first_audio_at + played
+
+    def _free(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.decoder._stats.open_streams -= 1
+
+    async def aclose(self) -> None:
+        """Stop the stream: nothing more is read or decoded. Idempotent."""
+        if self._closed:
+            return
+        self._free()
+        if self._is_async:
+            close = getattr(self._source, "aclose", None)
+            if close is not None:
+                await close()
+
