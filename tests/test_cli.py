@@ -1,0 +1,50 @@
+"""The installed `streamdec` command, run as users run it: from another directory, in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BIN = Path(sys.executable).with_name("streamdec")
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=240)
+
+
+def test_info_prints_geometry_and_context(tmp_path: Path) -> None:
+    """`streamdec info` prints the codec's geometry and exact context from any directory."""
+    result = _run("info", "--codec", "tiny", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "hop_size: 480" in result.stdout
+    assert "context: left=52 right=7" in result.stdout
+
+
+def test_decode_writes_wav_of_exact_length(tmp_path: Path) -> None:
+    """`streamdec decode` turns a .npy latent file into a WAV of frames * hop samples."""
+    np.save(tmp_path / "clip.npy", np.random.default_rng(0).standard_normal((90, 64)).astype(np.float32))
+    result = _run("decode", "clip.npy", "clip.wav", "--codec", "tiny", "--max-emit", "32", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with wave.open(str(tmp_path / "clip.wav")) as wav:
+        assert (wav.getnframes(), wav.getframerate(), wav.getnchannels()) == (90 * 480, 24000, 1)
+
+
+@pytest.mark.parametrize("name", ["server", "clients"])
+def test_no_generic_top_level_modules_installed(tmp_path: Path, name: str) -> None:
+    """`server` and `clients` install under the streamdec namespace only."""
+    code = f"import importlib.util as u; print(u.find_spec({name!r}) is None, u.find_spec('streamdec.{name}') is not None)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    """A latent file of the wrong shape exits 2 with the typed error and the fix."""
+    np.save(tmp_path / "bad.npy", np.zeros((10, 3), np.float32))
+    result = _run("decode", "bad.npy", "bad.wav", "--codec", "tiny", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "ShapeError" in result.stderr and "latent_dim=64" in result.stderr

@@ -1,0 +1,78 @@
+"""The sans-I/O session: windows carry the right latents, padding, and bounded memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamdec.errors import ConfigError, ShapeError
+from streamdec.planning import StreamPlanner
+from streamdec.session import StreamSession
+
+D = 4
+
+
+def _session(left: int = 5, right: int = 2, min_emit: int = 1, max_emit: int = 4) -> StreamSession:
+    planner = StreamPlanner(left, right, min_emit=min_emit, max_emit=max_emit)
+    return StreamSession(planner, latent_dim=D, hop_size=3, pad_latent=torch.full((D,), -7.0))
+
+
+def _ramp(start: int, n: int) -> torch.Tensor:
+    """Latents whose value is their frame index: a window's content shows where it was cut from."""
+    return torch.arange(start, start + n, dtype=torch.float32)[:, None].expand(n, D).clone()
+
+
+def test_window_holds_real_latents_then_padding() -> None:
+    """At the stream start a window is padded with pad_latent, only beyond emit_end + right."""
+    session = _session()
+    session.feed(_ramp(0, 3))
+    job = session.next_job()
+    assert job is not None
+    w = job.window
+    assert (w.window_start, w.emit_start, w.emit_end) == (0, 0, 1)
+    assert torch.equal(job.latents[:3, 0], torch.tensor([0.0, 1.0, 2.0]))
+    assert (job.latents[3:] == -7.0).all() and w.window_frames > 3
+
+
+def test_window_extends_left_into_real_latents() -> None:
+    """Later windows reach back into earlier latents to fill their size; no padding."""
+    session = _session()
+    session.feed(_ramp(0, 40))
+    jobs = []
+    while (job := session.next_job()) is not None:
+        jobs.append(job)
+    for job in jobs[1:]:
+        w = job.window
+        assert torch.equal(job.latents[:, 0], torch.arange(w.window_start, w.window_end, dtype=torch.float32))
+
+
+def test_memory_stays_bounded_over_a_long_stream() -> None:
+    """Only the latents a future window can reach are kept, however long the stream runs."""
+    session = _session(max_emit=4)
+    peak = 0
+    for i in range(2000):
+        session.feed(_ramp(i, 1))
+        while (job := session.next_job()) is not None:
+            session.complete(job, torch.zeros(1, job.window.emit_frames * 3))
+        peak = max(peak, int(session.snapshot()["buffered"]))
+    assert peak <= session.planner.history_frames + session.planner.right + 4 + 1
+
+
+def test_complete_checks_length_and_order() -> None:
+    """A wrong audio length or an out-of-order completion is refused."""
+    session = _session()
+    session.feed(_ramp(0, 30))
+    first, second = session.next_job(), session.next_job()
+    assert first is not None and second is not None
+    with pytest.raises(ShapeError, match="expected"):
+        session.complete(first, torch.zeros(1, 5))
+    with pytest.raises(ConfigError, match="out of order"):
+        session.complete(second, torch.zeros(1, second.window.emit_frames * 3))
+    tile = session.complete(first, torch.zeros(1, first.window.emit_frames * 3))
+    assert (tile.start_frame, tile.start_sample) == (0, 0)
+
+
+def test_pad_latent_shape_checked() -> None:
+    """A pad latent of the wrong size is a configuration error."""
+    with pytest.raises(ConfigError, match="pad_latent"):
+        StreamSession(StreamPlanner(1, 1, min_emit=1, max_emit=1), latent_dim=D, hop_size=3, pad_latent=torch.zeros(3))
