@@ -67,15 +67,39 @@ def server_demo(latents: torch.Tensor, out: Path) -> None:
     latent_file = out.with_suffix(".npy")
     save_latents(latent_file, latents)
     server_out = out.with_name(out.stem + "-server" + out.suffix)
-    cmd = [sys.executable, "-m", "streamdec.cli", "serve", "--codec", "tiny", "--host", "127.0.0.1", "--port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamdec.cli",
+        "serve",
+        "--codec",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as server:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as server:
         try:
             url = _wait_for_url(server)
             print(f"server: {url}")
             subprocess.run(
-                [sys.executable, "-m", "streamdec.cli", "stream", str(latent_file), "--url", url,
-                 str(server_out), "--realtime", "--chunk", "2"],
+                [
+                    sys.executable,
+                    "-m",
+                    "streamdec.cli",
+                    "stream",
+                    str(latent_file),
+                    "--url",
+                    url,
+                    str(server_out),
+                    "--realtime",
+                    "--chunk",
+                    "2",
+                ],
                 check=True,
             )
         finally:

@@ -113,7 +113,9 @@ def run_decode(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - began
     write_wav(args.output, audio, codec.sample_rate)
     seconds = audio.shape[-1] / codec.sample_rate
-    print(f"wrote {args.output}: {seconds:.2f} s of audio in {elapsed:.2f} s (RTF {elapsed / max(seconds, 1e-9):.3f})")
+    print(
+        f"wrote {args.output}: {seconds:.2f} s of audio in {elapsed:.2f} s (RTF {elapsed / max(seconds, 1e-9):.3f})"
+    )
     return 0
 
 

@@ -183,4 +183,3 @@ class StreamSession:
             "buffered": int(self._buf.shape[0]),
             "ended": self.ended,
         }
-

@@ -26,7 +26,7 @@ import torch
 
 from .codecs import Codec
 from .engine import Engine, EngineStats, WarmupReport, WindowRequest, create_engine
-from .errors import ConfigError, EngineClosedError, ShapeError
+from .errors import EngineClosedError, ShapeError
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
 from .session import Job, StreamSession, Tile, as_latents
 
@@ -176,7 +176,9 @@ class StreamDecoder:
 class TileStream(AsyncIterator[Tile]):
     """The async iterator ``decode_tiles`` returns; also an async context manager that always cleans up."""
 
-    def __init__(self, decoder: StreamDecoder, session: StreamSession, chunks: Chunks, stream_id: int) -> None:
+    def __init__(
+        self, decoder: StreamDecoder, session: StreamSession, chunks: Chunks, stream_id: int
+    ) -> None:
         self.decoder = decoder
         self.session = session
         self.stream_id = stream_id
@@ -272,4 +274,3 @@ class TileStream(AsyncIterator[Tile]):
             close = getattr(self._source, "aclose", None)
             if close is not None:
                 await close()
-

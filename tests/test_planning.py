@@ -86,9 +86,7 @@ def test_stream_planner_rejects_bad_policy(kwargs: dict, match: str) -> None:
         StreamPlanner(53, 7, **kwargs)
 
 
-def _run_planner(
-    planner: StreamPlanner, arrivals: list[int]
-) -> tuple[list[tuple[Window, int, bool]], int]:
+def _run_planner(planner: StreamPlanner, arrivals: list[int]) -> tuple[list[tuple[Window, int, bool]], int]:
     """Feed arrival sizes, then end; returns (window, received-at-planning, ended) triples and the total."""
     out, received = [], 0
     for n in arrivals:
@@ -149,9 +147,8 @@ def test_stream_planner_first_emission_is_small(arrivals: list[int]) -> None:
 def test_stream_planner_emissions_grow() -> None:
     """With frames arriving one at a time, emission sizes follow the doubling schedule."""
     planner = StreamPlanner(10, 2, min_emit=2, max_emit=16)
-    sizes, received = [], 0
-    for _ in range(200):
-        received += 1
+    sizes = []
+    for received in range(1, 201):
         if (w := planner.next_window(received, False)) is not None:
             sizes.append(w.emit_frames)
     assert sizes[:6] == [2, 4, 8, 16, 16, 16]

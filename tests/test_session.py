@@ -75,4 +75,6 @@ def test_complete_checks_length_and_order() -> None:
 def test_pad_latent_shape_checked() -> None:
     """A pad latent of the wrong size is a configuration error."""
     with pytest.raises(ConfigError, match="pad_latent"):
-        StreamSession(StreamPlanner(1, 1, min_emit=1, max_emit=1), latent_dim=D, hop_size=3, pad_latent=torch.zeros(3))
+        StreamSession(
+            StreamPlanner(1, 1, min_emit=1, max_emit=1), latent_dim=D, hop_size=3, pad_latent=torch.zeros(3)
+        )

@@ -256,6 +256,7 @@ async def test_empty_chunks_are_fine(codec: streamdec.Codec) -> None:
 
 def test_chunk_after_end_raises(codec: streamdec.Codec) -> None:
     """The sans-I/O session refuses a chunk after end() with StreamEndedError."""
+
     async def run() -> None:
         async with streamdec.StreamDecoder(codec) as dec:
             tiles = dec.decode_tiles([])
