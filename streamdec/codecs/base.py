@@ -1,0 +1,129 @@
+"""The base class every decoder family shares: input validation, normalisation, exact context.
+
+A family subclasses :class:`Codec`, sets ``family``, implements :meth:`Codec.synthesize` (denormalised
+latents ``[B, latent_dim, T]`` to audio ``[B, channels, T * hop_size]``), :meth:`Codec.input_interval`
+(the geometry of ``synthesize``: output sample indices to latent frame indices), ``config_dict`` /
+``from_config`` (the JSON stored in checkpoints) and ``init_random`` (its seeded random weights).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from streamdec.codecs.geometry import Interval, frame_context
+from streamdec.errors import DTypeError, ShapeError
+
+__all__ = ["Codec"]
+
+
+class Codec(nn.Module, abc.ABC):
+    """A latent-to-audio decoder with a known hop, rate and exact latent context.
+
+    Contract of :meth:`decode`: ``latents`` is ``[B, T, latent_dim]`` of any floating dtype (a tensor or
+    a numpy array), ``T >= 1``; the result is ``[B, channels, T * hop_size]`` float32 on the codec's
+    device, computed under ``torch.inference_mode()``.
+
+    Normalisation: latents arrive normalised; ``denormalize(z) = z * sqrt(global_log_std) + global_mean``
+    (per latent channel). Families without normalisation keep ``global_mean = 0``,
+    ``global_log_std = 1``.
+    """
+
+    family: ClassVar[str]
+    global_mean: Tensor
+    global_log_std: Tensor
+
+    def __init__(self, *, name: str, latent_dim: int, hop_size: int, sample_rate: int, channels: int) -> None:
+        super().__init__()
+        self.name = name
+        self.latent_dim = latent_dim
+        self.hop_size = hop_size
+        self.sample_rate = sample_rate
+        self.channels = channels
+        self.register_buffer("global_mean", torch.zeros(latent_dim))
+        self.register_buffer("global_log_std", torch.ones(latent_dim))
+        self._context: tuple[int, int] | None = None
+
+    # -- what a family implements -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def synthesize(self, x: Tensor) -> Tensor:
+        """Denormalised latents ``[B, latent_dim, T]`` -> audio ``[B, channels, T * hop_size]``."""
+
+    @abc.abstractmethod
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        """Latent frames (inclusive) that can influence output samples ``lo..hi`` of :meth:`synthesize`."""
+
+    @abc.abstractmethod
+    def config_dict(self) -> dict[str, Any]:
+        """JSON-serialisable architecture description; ``from_config`` rebuilds the same shapes."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, name: str, config: Mapping[str, Any]) -> Codec:
+        """Build the architecture (weights uninitialised; may be on the meta device)."""
+
+    @abc.abstractmethod
+    def init_random(self, seed: int) -> None:
+        """Fill every parameter and normalisation buffer from ``torch.Generator().manual_seed(seed)``."""
+
+    def refresh_cache(self) -> None:
+        """Rebuild derived, non-persistent buffers; loaders call this after weights or dtype change."""
+
+    # -- shared behaviour -----------------------------------------------------------------------------
+
+    def context_frames(self) -> tuple[int, int]:
+        """``(left, right)``: output frame ``g`` depends exactly on latent frames ``g-left .. g+right``."""
+        if self._context is None:
+            self._context = frame_context(self, self.hop_size)
+        return self._context
+
+    @property
+    def pad_latent(self) -> Tensor:
+        """``[latent_dim]`` normalised latent that denormalises to raw zero."""
+        return -self.global_mean / torch.sqrt(self.global_log_std)
+
+    def denormalize(self, z: Tensor) -> Tensor:
+        """``z * sqrt(global_log_std) + global_mean`` over the last (latent) dimension."""
+        return z * torch.sqrt(self.global_log_std) + self.global_mean
+
+    @torch.inference_mode()
+    def decode(self, latents: Tensor | np.ndarray[Any, Any]) -> Tensor:
+        """Normalised latents ``[B, T, latent_dim]`` -> float32 audio ``[B, channels, T * hop_size]``."""
+        z = self._checked(latents)
+        param = self.global_mean
+        z = z.to(device=param.device, dtype=param.dtype)
+        audio = self.synthesize(self.denormalize(z).transpose(1, 2))
+        return audio.float()
+
+    def _checked(self, latents: Tensor | np.ndarray[Any, Any]) -> Tensor:
+        z = torch.as_tensor(latents) if isinstance(latents, np.ndarray) else latents
+        if not isinstance(z, Tensor):
+            raise DTypeError(
+                f"latents of type {type(latents).__name__} cannot be decoded; pass a floating torch tensor "
+                f"or numpy array shaped [batch, frames, {self.latent_dim}]"
+            )
+        if not z.is_floating_point():
+            raise DTypeError(
+                f"latents have dtype {z.dtype}, but decode needs a floating dtype; convert with .float()"
+            )
+        if z.dim() != 3:
+            raise ShapeError(
+                f"latents have rank {z.dim()} (shape {tuple(z.shape)}), but decode needs rank 3 "
+                f"[batch, frames, {self.latent_dim}]; add a batch axis with latents[None]"
+            )
+        if z.shape[-1] != self.latent_dim:
+            raise ShapeError(
+                f"latents have latent_dim {z.shape[-1]} (shape {tuple(z.shape)}), but codec {self.name!r} "
+                f"needs {self.latent_dim}; pass [batch, frames, {self.latent_dim}]"
+            )
+        if z.shape[1] < 1 or z.shape[0] < 1:
+            raise ShapeError(
+                f"latents have shape {tuple(z.shape)}; decode needs at least 1 batch item and 1 frame"
+            )
+        return z

@@ -1,0 +1,34 @@
+"""``load_codec``: a codec by preset name or from a checkpoint file."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from streamdec.codecs.base import Codec
+from streamdec.codecs.checkpoint import read_checkpoint
+from streamdec.codecs.registry import PRESETS, build_preset, finalize
+from streamdec.errors import CodecError
+
+__all__ = ["load_codec"]
+
+
+def load_codec(
+    spec: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Codec:
+    """A codec by preset name (``"tiny"``, ``"auk-24k"``) or from a checkpoint written by ``save_codec``.
+
+    Raises :class:`~streamdec.errors.CodecError` for an unknown name and
+    :class:`~streamdec.errors.CheckpointError` for a file that does not match its declared architecture.
+    """
+    if isinstance(spec, str) and spec in PRESETS:
+        return finalize(build_preset(spec), device, dtype)
+    if os.path.isfile(spec):
+        return finalize(read_checkpoint(spec), device, dtype)
+    raise CodecError(
+        f"codec {os.fspath(spec)!r} is neither a preset nor an existing file; presets: {sorted(PRESETS)}, "
+        f"or pass the path of a checkpoint written by save_codec"
+    )

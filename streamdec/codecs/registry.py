@@ -1,0 +1,91 @@
+"""Decoder families and named presets: ``load_codec`` dispatches here.
+
+A family is a :class:`~streamdec.codecs.base.Codec` subclass registered under its ``family`` name;
+checkpoints name their family in metadata. A preset is a family, an architecture config and a seed
+for random weights (for tests, demos and benchmarks; no pretrained weights ship with streamdec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from streamdec.codecs.auk import AUK_24K, TINY, AuKDecoder
+from streamdec.codecs.base import Codec
+from streamdec.errors import CodecError
+
+__all__ = [
+    "FAMILIES",
+    "PRESETS",
+    "Preset",
+    "build_codec",
+    "build_preset",
+    "family_class",
+    "finalize",
+    "register_family",
+]
+
+FAMILIES: dict[str, type[Codec]] = {}
+
+
+def register_family(cls: type[Codec]) -> type[Codec]:
+    """Register a Codec subclass under ``cls.family`` (usable as a class decorator)."""
+    FAMILIES[cls.family] = cls
+    return cls
+
+
+register_family(AuKDecoder)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named random-weight codec: family, architecture config (JSON-like) and seed."""
+
+    family: str
+    config: Mapping[str, Any]
+    seed: int
+
+
+PRESETS: Mapping[str, Preset] = {
+    "tiny": Preset("auk", TINY.to_dict(), seed=1234),
+    "auk-24k": Preset("auk", AUK_24K.to_dict(), seed=2024),
+}
+
+
+def family_class(family: str) -> type[Codec]:
+    try:
+        return FAMILIES[family]
+    except KeyError:
+        raise CodecError(
+            f"unknown codec family {family!r}; registered families: {sorted(FAMILIES)}"
+        ) from None
+
+
+def build_codec(family: str, name: str, config: Mapping[str, Any]) -> Codec:
+    """Build the architecture on the CPU with uninitialised weights (fast: no default init runs)."""
+    with torch.device("meta"):
+        codec = family_class(family).from_config(name, config)
+    return codec.to_empty(device="cpu")
+
+
+def build_preset(name: str) -> Codec:
+    preset = PRESETS[name]
+    codec = build_codec(preset.family, name, preset.config)
+    codec.init_random(preset.seed)
+    return codec
+
+
+def finalize(codec: Codec, device: str | torch.device, dtype: torch.dtype) -> Codec:
+    """Move to ``device``/``dtype``, rebuild caches, switch to eval mode."""
+    if not dtype.is_floating_point:
+        raise CodecError(
+            f"codec dtype {dtype} is not floating point; use torch.float32 (or float64/bfloat16)"
+        )
+    codec = codec.to(device=device, dtype=dtype)
+    codec.refresh_cache()
+    codec.eval()
+    codec.requires_grad_(False)
+    return codec
