@@ -62,8 +62,9 @@ class CudaGraphEngine(Engine):
     * ``batch_buckets`` - batch sizes graphs are captured for (default 1, 2, 4, ..., 64).
     * ``graphs`` - use CUDA graphs at all (``STREAMDEC_NO_GRAPHS=1`` forces False).
     * ``compile`` - ``torch.compile`` the bucket graphs (``STREAMDEC_NO_COMPILE=1`` forces False).
-    * ``compile_dynamic`` - ``"batch"`` (default: one compile per window size for every batch >= 2, one
-      more for batch 1), ``"none"`` (one compile per bucket) or ``"all"``.
+    * ``compile_dynamic`` - ``"batch"`` (default: the batch dimension is traced dynamic, so one compile
+      serves a range of batch buckets of a window size; batch 1 and backend-chosen splits compile
+      again), ``"none"`` (one compile per bucket) or ``"all"`` (window length dynamic too).
     * ``compile_mode`` - passed to ``torch.compile`` (e.g. ``"max-autotune-no-cudagraphs"``).
     * ``inductor_cache_dir`` - Inductor's cache; reuse it across starts to make a second warm-up fast.
     * ``max_graphs`` - ad-hoc plain graphs per generation before the whole generation is retired.

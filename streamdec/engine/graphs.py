@@ -309,22 +309,25 @@ class GraphTiers:
         return float(start.elapsed_time(end))
 
     def _mark_dynamic(self, x: Tensor) -> None:
-        # One compile serves every batch >= 2 of a frames bucket ("batch"), or every shape ("all"); a size
-        # of 1 is always specialised by dynamo, so batch 1 compiles once more.
+        # A dynamic batch lets one compile serve many batch buckets of a window size ("batch"), or many
+        # window sizes too ("all"). "maybe": dynamo may still split the range where a kernel choice
+        # depends on the size (convolution layouts split at batch 16 on some backends) and recompiles
+        # outside it; a strict mark_dynamic would raise instead. Size 1 is always specialised.
         mode = self.options.compile_dynamic
         if mode == "none":
             return
         if x.shape[0] >= 2:
-            torch._dynamo.mark_dynamic(x, 0, min=2)
+            torch._dynamo.maybe_mark_dynamic(x, 0)
         if mode == "all":
-            torch._dynamo.mark_dynamic(x, 1, min=2)
+            torch._dynamo.maybe_mark_dynamic(x, 1)
 
     @contextlib.contextmanager
     def _dynamo_config(self) -> Iterator[None]:
         # Static shapes per bucket unless marked: no automatic dynamic-shape recompiles, and a recompile
         # limit above the number of buckets (the default of 8 would silently fall back to eager).
         patch: dict[str, Any] = {"automatic_dynamic_shapes": False}
-        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        for name in (limit, "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, name):
                 patch[name] = max(int(getattr(torch._dynamo.config, name)), 512)
         with torch._dynamo.config.patch(**patch):
