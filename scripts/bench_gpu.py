@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -238,6 +239,12 @@ class Bench:
                     continue
                 x = self.inputs(key.batch, key.frames, 1)
                 ref = self.forward(x)
+                eager_ms = None
+                if self.args.eager_with_compiled:
+                    estimate = graph.replay_ms or 10
+                    eager_ms = _median_ms(
+                        functools.partial(self.forward, x), _reps(estimate, 300, hi=10), self.stream
+                    )
                 graph.static_in.copy_(x)
                 graph.graph.replay()
                 torch.cuda.synchronize()
@@ -246,7 +253,10 @@ class Bench:
                 ms = _median_ms(
                     graph.graph.replay, _reps(graph.replay_ms or 10, self.args.target_ms), self.stream
                 )
-            self.record(key, "compiled", ms, {"vs_eager": errors, "warm_seconds": round(seconds, 1)})
+            extra = {"vs_eager": errors, "warm_seconds": round(seconds, 1)}
+            if eager_ms is not None:
+                extra["eager_ms"] = round(eager_ms, 3)
+            self.record(key, "compiled", ms, extra)
         self.result["compiled_pool_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
         del tiers
         torch.cuda.empty_cache()
@@ -338,12 +348,19 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["plain", "compiled", "engine"])
     parser.add_argument("--floor-only", action="store_true", help="print the FLOP/byte floor (CPU) and exit")
     parser.add_argument("--commit", default=None)
+    parser.add_argument(
+        "--strict-fp32", action="store_true", help="turn TF32 off for convolutions and matmuls (true fp32)"
+    )
+    parser.add_argument("--eager-with-compiled", action="store_true", help="time eager next to each compiled")
     parser.add_argument("--inductor-cache-dir", default=None)
     parser.add_argument("--out", default="bench/results/gpu-engine.json")
     args = parser.parse_args()
     if args.floor_only:
         print(json.dumps(floor_per_frame(args.codec), indent=2))
         return
+    if args.strict_fp32:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     if args.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache_dir
     bench = Bench(args)
