@@ -1,0 +1,117 @@
+"""Fused alias-free SnakeBeta activation: custom op, dispatch rules and a pure-PyTorch polyphase oracle.
+
+Contract of ``torch.ops.streamdec.alias_free_activation(x, filt, alpha_exp, beta_inv)``: ``x`` is
+``[B, C, T]`` (``T >= 1``), ``filt`` holds the 12 taps of the shared Kaiser-sinc filter (any shape with 12
+elements), ``alpha_exp`` and ``beta_inv`` are ``[C]`` (SnakeBeta's cached ``exp(alpha)`` and
+``1/(exp(beta)+eps)``), all float32 on one device. The result is a new contiguous ``[B, C, T]`` tensor
+equal (to float32 rounding, see ``docs/kernels.md``) to
+:meth:`streamdec.codecs.layers.AliasFreeActivation.forward`: 2x polyphase upsample with replicate edges,
+SnakeBeta, causal 12-tap low-pass with replicate left edge, decimation by 2.
+
+On CUDA the op runs one Triton kernel (the variant named by :data:`VARIANT`); on the CPU it runs
+:func:`polyphase_reference`. It has a fake (meta) implementation, so ``torch.compile`` traces it as one
+opaque node and CUDA graphs capture its launch.
+
+:func:`fused_supported` is the dispatch rule the layer uses: CUDA, float32, rank 3, Triton importable, and
+``STREAMDEC_NO_FUSED`` not set to ``1`` when this module was imported. Everything else keeps the reference
+path unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from streamdec.errors import DTypeError, ShapeError
+
+__all__ = [
+    "ENV_DISABLE",
+    "TAPS",
+    "VARIANT",
+    "alias_free_activation",
+    "fused_supported",
+    "polyphase_reference",
+]
+
+TAPS = 12
+ENV_DISABLE = "STREAMDEC_NO_FUSED"
+# Read once at import: torch.compile traces module constants, not the live environment.
+ENV_DISABLED = os.environ.get(ENV_DISABLE, "").strip() == "1"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+# Which Triton kernel the CUDA implementation launches ("direct" or "staged"); read at each call, so a
+# change applies to the next eager call or capture, not to graphs already captured.
+VARIANT = os.environ.get("STREAMDEC_FUSED_VARIANT", "direct")
+
+
+def fused_supported(x: Tensor) -> bool:
+    """True when the fused kernel may replace the reference path for input ``x``."""
+    return not ENV_DISABLED and HAS_TRITON and x.is_cuda and x.dtype == torch.float32 and x.dim() == 3
+
+
+def _check(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> None:
+    if x.dim() != 3 or x.shape[-1] < 1:
+        raise ShapeError(f"alias_free_activation needs x shaped [B, C, T>=1], got {tuple(x.shape)}")
+    channels = x.shape[1]
+    if filt.numel() != TAPS:
+        raise ShapeError(f"alias_free_activation needs {TAPS} filter taps, got {filt.numel()}")
+    if alpha_exp.shape != (channels,) or beta_inv.shape != (channels,):
+        raise ShapeError(
+            f"alias_free_activation needs alpha_exp and beta_inv shaped [{channels}], got "
+            f"{tuple(alpha_exp.shape)} and {tuple(beta_inv.shape)}"
+        )
+    for name, t in (("x", x), ("filt", filt), ("alpha_exp", alpha_exp), ("beta_inv", beta_inv)):
+        if t.dtype != torch.float32:
+            raise DTypeError(f"alias_free_activation needs float32 {name}, got {t.dtype}; use .float()")
+
+
+@torch.library.custom_op("streamdec::alias_free_activation", mutates_args=())
+def alias_free_activation(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+    """See the module docstring."""
+    _check(x, filt, alpha_exp, beta_inv)
+    return polyphase_reference(x, filt, alpha_exp, beta_inv)
+
+
+@alias_free_activation.register_fake
+def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+    return x.new_empty(x.shape)
+
+
+@alias_free_activation.register_kernel("cuda")
+def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+    _check(x, filt, alpha_exp, beta_inv)
+    from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
+
+    batch, channels, length = x.shape
+    flat = x.contiguous().view(batch * channels, length)
+    out = torch.empty_like(flat)
+    tk.LAUNCHERS[VARIANT](
+        flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out
+    )
+    return out.view(batch, channels, length)
+
+
+def polyphase_reference(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+    """The activation computed in the kernels' polyphase form with plain PyTorch ops (an oracle).
+
+    ``up[2m] = 2 sum_q f[2q+1] x[m+2-q]`` and ``up[2m+1] = 2 sum_q f[2q] x[m+3-q]`` with clamped indices,
+    SnakeBeta, then the reference's causal replicate pad 11 and stride-2 filter.
+    """
+    batch, channels, length = x.shape
+    f = filt.reshape(TAPS)
+    # xp[:, d + 8] = x[clamp(t + d)] for d in -8..3 (replicate edges).
+    xp = F.pad(x.reshape(batch * channels, 1, length), (8, 3), mode="replicate").view(batch, channels, -1)
+
+    def tap(d: int) -> Tensor:
+        return xp[..., 8 + d : 8 + d + length]
+
+    up_e = 2.0 * sum((f[2 * q + 1] * tap(2 - q) for q in range(6)), torch.zeros_like(x))
+    up_o = 2.0 * sum((f[2 * q] * tap(3 - q) for q in range(6)), torch.zeros_like(x))
+    a, b = alpha_exp.view(1, -1, 1), beta_inv.view(1, -1, 1)
+    s = torch.stack([up_e, up_o], dim=-1).view(batch, channels, 2 * length)
+    s = s + b * torch.sin(a * s).pow(2)
+    s = F.pad(s.view(batch * channels, 1, 2 * length), (TAPS - 1, 0), mode="replicate")
+    return F.conv1d(s, f.view(1, 1, TAPS), stride=2).view(batch, channels, length)
