@@ -189,7 +189,9 @@ class AuKDecoder(Codec):
         """Seeded random weights whose decode of N(0, 1) latents is audio-like (std ~0.1, rarely clipped).
 
         Conv weights are N(0, gain^2 / fan_in); residual branches get a small gain so nine residual
-        units per block stay bounded; SnakeBeta log-scales are N(0, 0.3^2); biases are small but non-zero.
+        units per block stay bounded; SnakeBeta log-scales are ``alpha ~ N(0, 0.3^2)``, ``beta ~ N(1, 0.3^2)``
+        (a sin^2 term of weight about 1/e keeps the DC drift small); biases are N(0, 0.02^2), non-zero.
+        ``global_mean ~ N(0, 0.5^2)`` and ``global_log_std ~ U(0.5, 2)`` make normalisation non-trivial.
         """
         gen = torch.Generator().manual_seed(seed)
 
@@ -197,10 +199,8 @@ class AuKDecoder(Codec):
             t.copy_(torch.randn(t.shape, generator=gen) * std + mean)
 
         def conv(m: nn.Conv1d | nn.ConvTranspose1d, gain: float, transposed: bool = False) -> None:
-            w = m.weight
-            fan_in = (w.shape[0] if transposed else w.shape[1]) * w.shape[2]
-            if transposed:  # each output sample sees kernel/stride taps per input channel
-                fan_in = w.shape[0] * w.shape[2] // m.stride[0]
+            w = m.weight  # Conv1d [out, in, k]; ConvTranspose1d [in, out, k], k/stride taps per output
+            fan_in = w.shape[0] * w.shape[2] // m.stride[0] if transposed else w.shape[1] * w.shape[2]
             normal(w, gain / math.sqrt(fan_in))
             if m.bias is not None:
                 normal(m.bias, 0.02)
