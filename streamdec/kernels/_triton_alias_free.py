@@ -76,7 +76,8 @@ def _load_at(base, i, last):
     return tl.load(base + tl.minimum(tl.maximum(i, 0), last))
 
 
-# Only T is specialised (alignment of the output rows); the rest would multiply compiles for nothing.
+# Direct: only T is specialised (16-aligned rows allow vector stores); staged tiles start unaligned, so
+# nothing is. Further specialisations would multiply compiles for nothing.
 @triton.jit(do_not_specialize=["C"])
 def _af_direct_kernel(x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, T, C, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -146,7 +147,7 @@ def _af_direct_kernel(x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, T, C, BLOCK: tl.const
     tl.store(out_ptr + row_off + t, acc, mask=t < T)
 
 
-@triton.jit(do_not_specialize=["C", "tiles_per_row", "n_tiles", "nprog"])
+@triton.jit(do_not_specialize=["T", "C", "tiles_per_row", "n_tiles", "nprog"])
 def _af_staged_kernel(
     x_ptr, out_ptr, scratch_ptr, f_ptr, a_ptr, b_ptr, T, C, tiles_per_row, n_tiles, nprog, SB: tl.constexpr
 ):
