@@ -217,6 +217,10 @@ class Bench:
         stream = torch.cuda.Stream()
         tiers = self.tiers(codec, forward, compile, stream)
         for key in sorted(keys, key=lambda k: -k.batch):
+            if self.elapsed() > self.args.key_budget_s:
+                self.result["skipped"].append({"label": label, "batch": key.batch, "why": "past key budget"})
+                self.save()
+                continue
             began = time.perf_counter()
             with torch.inference_mode(), torch.cuda.stream(stream):
                 notes = tiers.warm([key])
@@ -298,6 +302,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["16x70", "1x70"], help="BATCHxWINDOW")
     parser.add_argument("--target-ms", type=float, default=1000.0)
     parser.add_argument("--budget-s", type=float, default=330.0, help="start no decode tier after this")
+    parser.add_argument("--key-budget-s", type=float, default=400.0, help="start no bucket after this")
     parser.add_argument("--skip", nargs="*", default=[], choices=["layers", "plain", "compiled", "reference"])
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", default="bench/results/kernels.json")
