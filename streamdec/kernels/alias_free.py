@@ -88,9 +88,10 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
     batch, channels, length = x.shape
     flat = x.contiguous().view(batch * channels, length)
     out = torch.empty_like(flat)
-    tk.LAUNCHERS[VARIANT](
-        flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out
-    )
+    with torch.cuda.device(x.device):  # Triton launches on the current device
+        tk.LAUNCHERS[VARIANT](
+            flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out
+        )
     return out.view(batch, channels, length)
 
 
