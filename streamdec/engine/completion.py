@@ -123,17 +123,12 @@ class PollCompleter(Completer):
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
-        self._idle = threading.Event()
-        self._idle.set()
-        self._task_ready = threading.Event()
         loop.call_soon_threadsafe(self._start)
 
     def _start(self) -> None:
         self._task = self.loop.create_task(self._run())
-        self._task_ready.set()
 
     def submit(self, item: Inflight) -> None:
-        self._idle.clear()
         # deque.append is atomic; the loop learns of it through a thread-safe wake-up.
         self._pending.append(item)
         _call_soon(self.loop, self._wake.set)
@@ -151,7 +146,6 @@ class PollCompleter(Completer):
             if not self._pending:
                 if self._closed:
                     return
-                self._idle.set()
                 self._wake.clear()
                 if not self._pending:
                     await self._wake.wait()
