@@ -14,9 +14,12 @@ Alias-free activation (the exact choices a fused GPU kernel reproduces; change t
 * Upsample x2: replicate-pad 5 samples each side, ``2 * conv_transpose1d(x, filt, stride=2, groups=C)``,
   crop 15 samples from each side: length ``T -> 2T``.
 * SnakeBeta at the doubled rate, ``x + 1/(exp(beta) + 1e-9) * sin(exp(alpha) * x)**2`` with per-channel
-  log-scale ``alpha`` and ``beta``.
-* Downsample x2, causal: replicate-pad 11 samples on the left only, ``conv1d(filt, stride=2, groups=C)``:
-  length ``2T -> T``. Output ``t`` reads input samples ``t-8 .. t+2`` of the activation's input.
+  log-scale ``alpha`` and ``beta`` (or any :class:`Snake`/:class:`SnakeBeta` passed as ``act``).
+* Downsample x2, causal (AuK): replicate-pad 11 samples on the left only, ``conv1d(filt, stride=2,
+  groups=C)``: length ``2T -> T``. Output ``t`` reads input samples ``t-8 .. t+2`` of the activation's input.
+* Downsample x2, centred (``causal=False``, BigVGAN v2's ``LowPassFilter1d``): replicate-pad 5 left and 6
+  right, same filter and stride. Output ``t`` reads input samples ``t-5 .. t+5``. The fused GPU kernel
+  implements the causal variant only, so centred activations always take the reference path.
 
 Derived, non-persistent buffers (the filter, ``exp(alpha)``, ``1/(exp(beta)+1e-9)``) are rebuilt by
 ``refresh_cache()``, which every loader calls after weights are in place and after any dtype change.
@@ -51,7 +54,11 @@ __all__ = [
     "FILTER_TAPS",
     "AliasFreeActivation",
     "CausalConvTranspose1d",
+    "GeoSequential",
     "PaddedConv1d",
+    "PaddedConvTranspose1d",
+    "Pointwise",
+    "Snake",
     "SnakeBeta",
     "kaiser_sinc_filter",
     "refresh_caches",
@@ -63,6 +70,7 @@ FILTER_HALF_WIDTH = 0.3
 _UP_PAD = FILTER_TAPS // 2 - 1  # 5: replicate padding before the x2 transposed filter
 _UP_CROP = _UP_PAD * 2 + (FILTER_TAPS - 2) // 2  # 15: samples cropped from each side after it
 _DOWN_PAD = FILTER_TAPS - 1  # 11: causal left padding of the x2 decimating filter
+_DOWN_PAD_CENTRED = (FILTER_TAPS // 2 - 1, FILTER_TAPS // 2)  # (5, 6): BigVGAN's LowPassFilter1d, even taps
 _SNAKE_EPS = 1e-9
 
 
@@ -148,23 +156,35 @@ class CausalConvTranspose1d(nn.ConvTranspose1d):
 
 
 class SnakeBeta(nn.Module):
-    """``x + 1/(exp(beta)+1e-9) * sin(exp(alpha)*x)**2`` per channel; ``alpha``, ``beta`` are log-scales."""
+    """``x + 1/(exp(beta)+1e-9) * sin(exp(alpha)*x)**2`` per channel; ``alpha``, ``beta`` are log-scales.
+
+    ``log_scale=False`` reads ``alpha`` and ``beta`` as the scales themselves (BigVGAN's
+    ``snake_logscale: false``): ``x + 1/(beta+1e-9) * sin(alpha*x)**2``. Either way the forward pass uses
+    the cached ``alpha_exp`` (the frequency) and ``beta_inv`` (the magnitude), which the fused kernel reads.
+    """
 
     alpha_exp: Tensor
     beta_inv: Tensor
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, *, log_scale: bool = True) -> None:
         super().__init__()
+        self.log_scale = log_scale
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
         self.register_buffer("alpha_exp", torch.empty(channels), persistent=False)
         self.register_buffer("beta_inv", torch.empty(channels), persistent=False)
 
+    def _scale(self, p: Tensor) -> Tensor:
+        return torch.exp(p.detach()) if self.log_scale else p.detach().clone()
+
+    def _magnitude(self) -> Tensor:
+        return self.beta
+
     @torch.no_grad()
     def refresh_cache(self) -> None:
-        """Recompute ``exp(alpha)`` and ``1/(exp(beta)+eps)`` from the current parameters."""
-        self.alpha_exp = torch.exp(self.alpha.detach())
-        self.beta_inv = 1.0 / (torch.exp(self.beta.detach()) + _SNAKE_EPS)
+        """Recompute the frequency ``exp(alpha)`` and ``1/(exp(beta)+eps)`` from the current parameters."""
+        self.alpha_exp = self._scale(self.alpha)
+        self.beta_inv = 1.0 / (self._scale(self._magnitude()) + _SNAKE_EPS)
 
     def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
         a = self.alpha_exp.unsqueeze(-1)
@@ -175,28 +195,52 @@ class SnakeBeta(nn.Module):
         return lo, hi
 
 
+class Snake(SnakeBeta):
+    """Snake with one parameter per channel: ``x + 1/(a+1e-9) * sin(a*x)**2``, ``a = alpha`` (DAC's
+    ``Snake1d``, BigVGAN's ``Snake``), or ``a = exp(alpha)`` with ``log_scale=True``.
+
+    The magnitude is tied to the frequency, so it shares :class:`SnakeBeta`'s forward pass and caches
+    (and the fused kernel); it simply has no ``beta`` parameter of its own.
+    """
+
+    def __init__(self, channels: int, *, log_scale: bool = False) -> None:
+        super().__init__(channels, log_scale=log_scale)
+        del self.beta
+
+    def _magnitude(self) -> Tensor:
+        return self.alpha
+
+
 class _Downsample2Geometry:
-    """Geometry of the causal x2 decimating half of :class:`AliasFreeActivation`."""
+    """Geometry of the x2 decimating half of :class:`AliasFreeActivation` (``pad_left`` 11 or 5)."""
+
+    def __init__(self, pad_left: int) -> None:
+        self.pad_left = pad_left
 
     def input_interval(self, lo: int, hi: int) -> Interval:
-        return conv_interval(lo, hi, kernel=FILTER_TAPS, stride=2, pad_left=_DOWN_PAD)
+        return conv_interval(lo, hi, kernel=FILTER_TAPS, stride=2, pad_left=self.pad_left)
 
 
 class AliasFreeActivation(nn.Module):
-    """Upsample x2, SnakeBeta, causal downsample x2 (see the module docstring for the exact recipe).
+    """Upsample x2, SnakeBeta, downsample x2 (see the module docstring for the exact recipe).
+
+    ``causal`` (default, AuK) picks the causal down filter; ``causal=False`` the centred one of BigVGAN v2.
+    ``act`` replaces the default log-scale :class:`SnakeBeta` (e.g. a :class:`Snake`).
 
     ``use_fused`` (default on; ``streamdec.kernels.set_fused`` flips it per codec) lets a call whose input
     the kernel supports (CUDA float32, see ``streamdec.kernels.fused_supported``) run the fused op
     ``torch.ops.streamdec.alias_free_activation`` instead of the reference path; everything else,
-    the CPU included, always takes the reference path.
+    the CPU and every centred activation included, always takes the reference path.
     """
 
     filter: Tensor
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, *, causal: bool = True, act: SnakeBeta | None = None) -> None:
         super().__init__()
         self.use_fused = True
-        self.act = SnakeBeta(channels)
+        self.causal = causal
+        self.down_pad = (_DOWN_PAD, 0) if causal else _DOWN_PAD_CENTRED
+        self.act = act if act is not None else SnakeBeta(channels)
         self.register_buffer("filter", torch.empty(1, 1, FILTER_TAPS), persistent=False)
 
     @torch.no_grad()
@@ -209,7 +253,7 @@ class AliasFreeActivation(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
         # One filter for every channel, so the depthwise (groups=C) convolutions equal single-channel
         # convolutions over a [B*C, 1, T] view; on the CPU that is about 2-3x faster than grouped ones.
-        if self.use_fused and _fused_supported is not None and _fused_supported(x):
+        if self.use_fused and self.causal and _fused_supported is not None and _fused_supported(x):
             fused: Tensor = torch.ops.streamdec.alias_free_activation(
                 x, self.filter, self.act.alpha_exp, self.act.beta_inv
             )
@@ -219,11 +263,11 @@ class AliasFreeActivation(nn.Module):
         up = F.pad(flat, (_UP_PAD, _UP_PAD), mode="replicate")
         up = 2.0 * F.conv_transpose1d(up, self.filter, stride=2)[..., _UP_CROP:-_UP_CROP]
         up = self.act(up.view(batch, channels, 2 * length)).view(batch * channels, 1, 2 * length)
-        down = F.conv1d(F.pad(up, (_DOWN_PAD, 0), mode="replicate"), self.filter, stride=2)
+        down = F.conv1d(F.pad(up, self.down_pad, mode="replicate"), self.filter, stride=2)
         return down.view(batch, channels, length)
 
     def input_interval(self, lo: int, hi: int) -> Interval:
-        return through([_Upsample2Geometry(), self.act, _Downsample2Geometry()], lo, hi)
+        return through([_Upsample2Geometry(), self.act, _Downsample2Geometry(self.down_pad[0])], lo, hi)
 
 
 class _Upsample2Geometry:
@@ -233,6 +277,49 @@ class _Upsample2Geometry:
         return conv_transpose_interval(
             lo, hi, kernel=FILTER_TAPS, stride=2, crop_left=_UP_CROP, pad_left=_UP_PAD
         )
+
+
+class PaddedConvTranspose1d(nn.ConvTranspose1d):
+    """``nn.ConvTranspose1d`` with torch's ``padding``: ``padding`` outputs cropped from each side.
+
+    Length ``T -> (T-1)*stride - 2*padding + kernel``; DAC, Oobleck and BigVGAN use ``kernel = 2*stride``
+    (or ``kernel - stride`` even) with ``padding = ceil(stride/2)`` or ``(kernel-stride)//2``, which gives
+    ``T*stride`` for even strides and ``T*stride - 1`` for DAC's odd ones.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int, padding: int,
+                 *, bias: bool = True) -> None:  # fmt: skip
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
+
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        return conv_transpose_interval(
+            lo, hi, kernel=self.kernel_size[0], stride=self.stride[0], crop_left=self.padding[0]
+        )
+
+
+class Pointwise(nn.Module):
+    """An elementwise function (``tanh``, ``clamp``) as a layer with identity geometry."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        return lo, hi
+
+
+class GeoSequential(nn.Sequential):
+    """``nn.Sequential`` whose geometry is its children's, composed (every child must be geometric).
+
+    Families mirror a reference implementation's ``nn.Sequential`` with it, so that state-dict keys
+    (``model.1.block.2...``) match the reference checkpoints one for one.
+    """
+
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        return through(list(self), lo, hi)  # type: ignore[arg-type]
 
 
 def refresh_caches(module: nn.Module) -> None:

@@ -15,6 +15,16 @@ import torch
 
 from streamdec.codecs.auk import AUK_24K, TINY, AuKDecoder
 from streamdec.codecs.base import Codec
+from streamdec.codecs.bigvgan import (
+    BIGVGAN_22K,
+    BIGVGAN_24K,
+    BIGVGAN_44K,
+    BIGVGAN_44K_256X,
+    BIGVGAN_TINY,
+    BigVGANGenerator,
+)
+from streamdec.codecs.dac import DAC_16K, DAC_24K, DAC_44K, DAC_TINY, DACDecoder
+from streamdec.codecs.oobleck import OOBLECK_44K, OOBLECK_TINY, OobleckDecoder
 from streamdec.errors import CodecError
 
 __all__ = [
@@ -38,6 +48,9 @@ def register_family(cls: type[Codec]) -> type[Codec]:
 
 
 register_family(AuKDecoder)
+register_family(DACDecoder)
+register_family(OobleckDecoder)
+register_family(BigVGANGenerator)
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,19 @@ class Preset:
 PRESETS: Mapping[str, Preset] = {
     "tiny": Preset("auk", TINY.to_dict(), seed=1234),
     "auk-24k": Preset("auk", AUK_24K.to_dict(), seed=2024),
+    # Model zoo: the published architectures with random weights (load real weights from their files),
+    # and a `-tiny` twin of each family for CPU tests.
+    "dac-tiny": Preset("dac", DAC_TINY.to_dict(), seed=11),
+    "dac-44k": Preset("dac", DAC_44K.to_dict(), seed=12),
+    "dac-24k": Preset("dac", DAC_24K.to_dict(), seed=13),
+    "dac-16k": Preset("dac", DAC_16K.to_dict(), seed=14),
+    "oobleck-tiny": Preset("oobleck", OOBLECK_TINY.to_dict(), seed=21),
+    "oobleck-44k": Preset("oobleck", OOBLECK_44K.to_dict(), seed=22),
+    "bigvgan-tiny": Preset("bigvgan", BIGVGAN_TINY.to_dict(), seed=31),
+    "bigvgan-24k": Preset("bigvgan", BIGVGAN_24K.to_dict(), seed=32),
+    "bigvgan-22k": Preset("bigvgan", BIGVGAN_22K.to_dict(), seed=33),
+    "bigvgan-44k-256x": Preset("bigvgan", BIGVGAN_44K_256X.to_dict(), seed=34),
+    "bigvgan-44k": Preset("bigvgan", BIGVGAN_44K.to_dict(), seed=35),
 }
 
 

@@ -1,0 +1,28 @@
+"""Seeded random weights shared by the model-zoo families (DAC, Oobleck, BigVGAN)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["init_conv"]
+
+
+@torch.no_grad()
+def init_conv(m: nn.Module, gain: float, gen: torch.Generator, bias_std: float = 0.02) -> None:
+    """N(0, gain^2 / fan_in) weights and N(0, bias_std^2) biases for a Conv1d or ConvTranspose1d.
+
+    A transposed conv's fan-in counts the taps that reach one output: ``in_channels * kernel / stride``.
+    """
+    if not isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
+        raise TypeError(f"init_conv needs a Conv1d or ConvTranspose1d, got {type(m).__name__}")
+    w = m.weight
+    if isinstance(m, nn.ConvTranspose1d):
+        fan_in = w.shape[0] * max(1, w.shape[2] // m.stride[0])
+    else:
+        fan_in = w.shape[1] * w.shape[2]
+    w.copy_(torch.randn(w.shape, generator=gen) * (gain / math.sqrt(fan_in)))
+    if m.bias is not None:
+        m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * bias_std)

@@ -1,0 +1,290 @@
+"""BigVGAN v2 generator: a mel spectrogram (treated as a latent sequence) to mono audio.
+
+::
+
+    mel [B,T,M] --> conv_pre (k7, pad 3) --> stage_0 .. stage_(n-1) --> activation_post
+                --> conv_post (k7, pad 3) --> tanh or clamp(-1, 1) --> [B, 1, T*prod(upsample_rates)]
+
+    stage i:  ups.i.0  ConvTranspose1d(k_i, stride u_i, padding (k_i-u_i)//2)
+              then the mean of resblocks[i*K .. i*K+K-1]  (one AMP block per resblock kernel size)
+    AMPBlock1: for d in dilations: x = x + conv2(act(conv1_d(act(x))))   (centred convs)
+    AMPBlock2: for d in dilations: x = x + conv_d(act(x))
+
+Every activation is the alias-free one (x2 up, Snake or SnakeBeta, x2 down) with BigVGAN's *centred*
+down filter: the non-causal twin of the AuK decoder. Names, shapes and config keys mirror
+``bigvgan.BigVGAN`` (``num_mels``, ``upsample_rates``, ``upsample_kernel_sizes``,
+``upsample_initial_channel``, ``resblock``, ``resblock_kernel_sizes``, ``resblock_dilation_sizes``,
+``activation``, ``snake_logscale``, ``use_tanh_at_final``, ``use_bias_at_final``, ``sampling_rate``), so a
+``bigvgan_generator.pt`` state dict loads key for key after weight-norm folding (its filter buffers are
+checked against ours and dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import Tensor, nn
+
+from streamdec.codecs._random import init_conv
+from streamdec.codecs.base import Codec
+from streamdec.codecs.geometry import Interval, hull, residual, through
+from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
+from streamdec.codecs.layers import refresh_caches as _refresh
+from streamdec.errors import CodecError
+
+__all__ = [
+    "BIGVGAN_22K",
+    "BIGVGAN_24K",
+    "BIGVGAN_44K",
+    "BIGVGAN_44K_256X",
+    "BIGVGAN_TINY",
+    "BigVGANConfig",
+    "BigVGANGenerator",
+]
+
+
+@dataclass(frozen=True)
+class BigVGANConfig:
+    """The generator keys of a BigVGAN ``config.json`` (training keys are ignored by the reader)."""
+
+    num_mels: int = 100
+    upsample_rates: tuple[int, ...] = (4, 4, 2, 2, 2, 2)
+    upsample_kernel_sizes: tuple[int, ...] = (8, 8, 4, 4, 4, 4)
+    upsample_initial_channel: int = 1536
+    resblock: str = "1"
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    activation: str = "snakebeta"
+    snake_logscale: bool = True
+    use_tanh_at_final: bool = False
+    use_bias_at_final: bool = False
+    sampling_rate: int = 24000
+
+    def __post_init__(self) -> None:
+        self._check_sizes()
+        if self.resblock not in ("1", "2"):
+            raise CodecError(f"BigVGAN resblock={self.resblock!r}; it must be '1' or '2'")
+        if self.activation not in ("snake", "snakebeta"):
+            raise CodecError(f"BigVGAN activation={self.activation!r}; it must be 'snake' or 'snakebeta'")
+        for u, k in zip(self.upsample_rates, self.upsample_kernel_sizes, strict=True):
+            if k < u or (k - u) % 2:
+                raise CodecError(
+                    f"BigVGAN upsample kernel {k} with rate {u}: streamdec needs kernel >= rate and "
+                    f"kernel - rate even, so that each stage gives exactly T*rate samples"
+                )
+
+    def _check_sizes(self) -> None:
+        if len(self.upsample_rates) != len(self.upsample_kernel_sizes) or not self.upsample_rates:
+            raise CodecError(
+                f"BigVGAN config has {len(self.upsample_rates)} upsample_rates and "
+                f"{len(self.upsample_kernel_sizes)} upsample_kernel_sizes; it needs the same, non-zero number"
+            )
+        if len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes) or not self.resblock_kernel_sizes:
+            raise CodecError(
+                f"BigVGAN config has {len(self.resblock_kernel_sizes)} resblock_kernel_sizes and "
+                f"{len(self.resblock_dilation_sizes)} resblock_dilation_sizes; it needs one dilation list each"
+            )
+        flat = [*self.upsample_rates, *self.upsample_kernel_sizes, *self.resblock_kernel_sizes]
+        flat += [d for ds in self.resblock_dilation_sizes for d in ds]
+        if min([*flat, self.num_mels, self.sampling_rate]) < 1 or not all(self.resblock_dilation_sizes):
+            raise CodecError(f"BigVGAN config {self} has a non-positive size or an empty dilation list")
+        if self.upsample_initial_channel % 2 ** len(self.upsample_rates):
+            raise CodecError(
+                f"BigVGAN upsample_initial_channel={self.upsample_initial_channel} must be divisible by "
+                f"2^{len(self.upsample_rates)} (each stage halves the width)"
+            )
+
+    @property
+    def hop_size(self) -> int:
+        return math.prod(self.upsample_rates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, ignore_unknown: bool = False) -> BigVGANConfig:
+        """Validate and build from JSON data; unknown keys are an error unless ``ignore_unknown``
+        (a BigVGAN ``config.json`` also holds training settings)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown and not ignore_unknown:
+            raise CodecError(f"BigVGAN config has unknown keys {unknown}; known keys are {sorted(known)}")
+        try:
+            kwargs: dict[str, Any] = {}
+            for k, v in data.items():
+                if k not in known:
+                    continue
+                if k == "resblock_dilation_sizes":
+                    kwargs[k] = tuple(tuple(int(d) for d in ds) for ds in v)
+                elif k in ("snake_logscale", "use_tanh_at_final", "use_bias_at_final"):
+                    kwargs[k] = bool(v)
+                elif k in ("resblock", "activation"):
+                    kwargs[k] = str(v)
+                else:
+                    kwargs[k] = tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"BigVGAN config {json.dumps(dict(data))} is malformed: {exc}") from exc
+
+
+# The published v2 generators (their config.json files, generator keys only).
+BIGVGAN_24K = BigVGANConfig()  # bigvgan_v2_24khz_100band_256x
+BIGVGAN_22K = BigVGANConfig(num_mels=80, sampling_rate=22050)  # bigvgan_v2_22khz_80band_256x
+BIGVGAN_44K_256X = BigVGANConfig(num_mels=128, sampling_rate=44100)  # bigvgan_v2_44khz_128band_256x
+BIGVGAN_44K = BigVGANConfig(  # bigvgan_v2_44khz_128band_512x
+    num_mels=128, upsample_rates=(8, 4, 2, 2, 2, 2), upsample_kernel_sizes=(16, 8, 4, 4, 4, 4), sampling_rate=44100
+)
+BIGVGAN_TINY = BigVGANConfig(num_mels=8, upsample_initial_channel=128)
+
+
+def _act(channels: int, cfg: BigVGANConfig) -> AliasFreeActivation:
+    snake = SnakeBeta if cfg.activation == "snakebeta" else Snake
+    return AliasFreeActivation(channels, causal=False, act=snake(channels, log_scale=cfg.snake_logscale))
+
+
+def _conv(channels: int, kernel: int, dilation: int) -> PaddedConv1d:
+    pad = (kernel * dilation - dilation) // 2  # BigVGAN's get_padding
+    return PaddedConv1d(channels, channels, kernel, dilation=dilation, pad_left=pad, pad_right=pad)
+
+
+class AMPBlock(nn.Module):
+    """AMPBlock1 (``convs1`` at the dilations, ``convs2`` at dilation 1) or AMPBlock2 (``convs`` only)."""
+
+    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], cfg: BigVGANConfig) -> None:
+        super().__init__()
+        self.two_convs = cfg.resblock == "1"
+        if self.two_convs:
+            self.convs1 = nn.ModuleList(_conv(channels, kernel, d) for d in dilations)
+            self.convs2 = nn.ModuleList(_conv(channels, kernel, 1) for _ in dilations)
+        else:
+            self.convs = nn.ModuleList(_conv(channels, kernel, d) for d in dilations)
+        per_unit = 2 if self.two_convs else 1
+        self.activations = nn.ModuleList(_act(channels, cfg) for _ in range(per_unit * len(dilations)))
+
+    def units(self) -> list[list[nn.Module]]:
+        """The residual branches, in order: ``[act, conv1, act, conv2]`` or ``[act, conv]``."""
+        acts = list(self.activations)
+        if self.two_convs:
+            pairs = zip(self.convs1, self.convs2, strict=True)
+            return [[acts[2 * i], c1, acts[2 * i + 1], c2] for i, (c1, c2) in enumerate(pairs)]
+        return [[acts[i], c] for i, c in enumerate(self.convs)]
+
+    def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
+        for unit in self.units():
+            xt = x
+            for layer in unit:
+                xt = cast(Tensor, layer(xt))
+            x = xt + x
+        return x
+
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        for unit in reversed(self.units()):
+            lo, hi = residual(unit, lo, hi)  # type: ignore[arg-type]
+        return lo, hi
+
+
+class _Stage:
+    """Geometry view of one stage: ``ups[i]`` then the mean of its AMP blocks (no parameters here)."""
+
+    def __init__(self, up: PaddedConvTranspose1d, blocks: list[AMPBlock]) -> None:
+        self.up, self.blocks = up, blocks
+
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        return self.up.input_interval(*hull(b.input_interval(lo, hi) for b in self.blocks))
+
+
+class BigVGANGenerator(Codec):
+    """The BigVGAN v2 generator (module docstring); build through :func:`streamdec.codecs.load_codec`."""
+
+    family: ClassVar[str] = "bigvgan"
+
+    def __init__(self, name: str, config: BigVGANConfig) -> None:
+        super().__init__(
+            name=name,
+            latent_dim=config.num_mels,
+            hop_size=config.hop_size,
+            sample_rate=config.sampling_rate,
+            channels=1,
+        )
+        self.config = config
+        ch0 = config.upsample_initial_channel
+        self.conv_pre = PaddedConv1d.centred(config.num_mels, ch0, 7)
+        self.ups = nn.ModuleList()
+        self.resblocks = nn.ModuleList()
+        for i, (u, k) in enumerate(zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True)):
+            cout = ch0 // 2 ** (i + 1)
+            self.ups.append(nn.ModuleList([PaddedConvTranspose1d(ch0 // 2**i, cout, k, u, (k - u) // 2)]))
+            pairs = zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True)
+            self.resblocks.extend(AMPBlock(cout, rk, ds, config) for rk, ds in pairs)
+        ch = ch0 // 2 ** len(config.upsample_rates)
+        self.activation_post = _act(ch, config)
+        self.conv_post = PaddedConv1d.centred(ch, 1, 7, bias=config.use_bias_at_final)
+
+    def _stages(self) -> list[_Stage]:
+        k = len(self.config.resblock_kernel_sizes)
+        blocks = [cast(AMPBlock, b) for b in self.resblocks]
+        ups = [cast(PaddedConvTranspose1d, u[0]) for u in cast(list[nn.ModuleList], list(self.ups))]
+        return [_Stage(up, blocks[i * k : (i + 1) * k]) for i, up in enumerate(ups)]
+
+    def synthesize(self, x: Tensor, *, clamp: bool = True) -> Tensor:
+        """Mel ``[B, M, T]`` -> ``[B, 1, T*hop]``; ``clamp=False`` skips the final tanh or clamp."""
+        x = self.conv_pre(x)
+        for stage in self._stages():
+            x = stage.up(x)
+            out = stage.blocks[0](x)
+            for block in stage.blocks[1:]:
+                out = out + block(x)
+            x = out / len(stage.blocks)
+        x = self.conv_post(self.activation_post(x))
+        if not clamp:
+            return x
+        return torch.tanh(x) if self.config.use_tanh_at_final else x.clamp(-1.0, 1.0)
+
+    def input_interval(self, lo: int, hi: int) -> Interval:
+        return through([self.conv_pre, *self._stages(), self.activation_post, self.conv_post], lo, hi)  # type: ignore[list-item]
+
+    def refresh_cache(self) -> None:
+        _refresh(self)
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_config(cls, name: str, config: Mapping[str, Any]) -> BigVGANGenerator:
+        return cls(name, BigVGANConfig.from_dict(config))
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> None:
+        """Seeded random weights (conv N(0, gain^2/fan_in), residual gain 0.5, biases N(0, 0.02^2)).
+
+        Snake log-scales ``alpha ~ N(0, 0.3^2)``, ``beta ~ N(1, 0.3^2)`` (linear scales: ``exp`` of those).
+        No normalisation: BigVGAN takes log-mel spectrograms as they are.
+        """
+        gen = torch.Generator().manual_seed(seed)
+        for module in self.modules():
+            if isinstance(module, SnakeBeta):
+                _init_snake(module, gen)
+        init_conv(self.conv_pre, 1.0, gen)
+        for stage in self._stages():
+            init_conv(stage.up, 1.0, gen)
+            for block in stage.blocks:
+                for unit in block.units():
+                    for j, conv in enumerate(unit[1::2]):
+                        init_conv(conv, 0.5 if j == len(unit) // 2 - 1 else 1.0, gen)
+        init_conv(self.conv_post, 0.3, gen)
+        self.global_mean.zero_()
+        self.global_log_std.fill_(1.0)
+        self.refresh_cache()
+
+
+def _init_snake(module: SnakeBeta, gen: torch.Generator) -> None:
+    alpha = torch.randn(module.alpha.shape, generator=gen) * 0.3
+    module.alpha.copy_(alpha if module.log_scale else alpha.exp())
+    if not isinstance(module, Snake):
+        beta = torch.randn(module.beta.shape, generator=gen) * 0.3 + 1.0
+        module.beta.copy_(beta if module.log_scale else beta.exp())
