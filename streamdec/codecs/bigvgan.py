@@ -84,7 +84,10 @@ class BigVGANConfig:
                 f"BigVGAN config has {len(self.upsample_rates)} upsample_rates and "
                 f"{len(self.upsample_kernel_sizes)} upsample_kernel_sizes; it needs the same, non-zero number"
             )
-        if len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes) or not self.resblock_kernel_sizes:
+        if (
+            len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes)
+            or not self.resblock_kernel_sizes
+        ):
             raise CodecError(
                 f"BigVGAN config has {len(self.resblock_kernel_sizes)} resblock_kernel_sizes and "
                 f"{len(self.resblock_dilation_sizes)} resblock_dilation_sizes; it needs one dilation list each"
@@ -137,7 +140,10 @@ BIGVGAN_24K = BigVGANConfig()  # bigvgan_v2_24khz_100band_256x
 BIGVGAN_22K = BigVGANConfig(num_mels=80, sampling_rate=22050)  # bigvgan_v2_22khz_80band_256x
 BIGVGAN_44K_256X = BigVGANConfig(num_mels=128, sampling_rate=44100)  # bigvgan_v2_44khz_128band_256x
 BIGVGAN_44K = BigVGANConfig(  # bigvgan_v2_44khz_128band_512x
-    num_mels=128, upsample_rates=(8, 4, 2, 2, 2, 2), upsample_kernel_sizes=(16, 8, 4, 4, 4, 4), sampling_rate=44100
+    num_mels=128,
+    upsample_rates=(8, 4, 2, 2, 2, 2),
+    upsample_kernel_sizes=(16, 8, 4, 4, 4, 4),
+    sampling_rate=44100,
 )
 BIGVGAN_TINY = BigVGANConfig(num_mels=8, upsample_initial_channel=128)
 

@@ -80,7 +80,10 @@ class DACConfig:
         if unknown:
             raise CodecError(f"DAC config has unknown keys {unknown}; known keys are {sorted(known)}")
         try:
-            kwargs = {k: tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v) for k, v in data.items()}
+            kwargs = {
+                k: tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)
+                for k, v in data.items()
+            }
             return cls(**kwargs)  # type: ignore[arg-type]
         except (TypeError, ValueError) as exc:
             raise CodecError(f"DAC config {json.dumps(dict(data))} is malformed: {exc}") from exc
@@ -192,4 +195,3 @@ class DACDecoder(Codec):
         self.global_mean.zero_()
         self.global_log_std.fill_(1.0)
         self.refresh_cache()
-
