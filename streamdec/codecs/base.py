@@ -9,7 +9,8 @@ latents ``[B, latent_dim, T]`` to audio ``[B, channels, T * hop_size]``), :meth:
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,6 +36,10 @@ class Codec(nn.Module, abc.ABC):
     """
 
     family: ClassVar[str]
+    #: TF32 for this codec's convolutions and matmuls on CUDA. Off by default: TF32 rounds operands to a
+    #: 10-bit mantissa, which moves AuK output by about 1e-3 and breaks "streamed equals offline" at 1e-4.
+    #: Set True to trade that exactness for speed.
+    allow_tf32: bool = False
     global_mean: Tensor
     global_log_std: Tensor
 
@@ -92,13 +97,29 @@ class Codec(nn.Module, abc.ABC):
         """``z * sqrt(global_log_std) + global_mean`` over the last (latent) dimension."""
         return z * torch.sqrt(self.global_log_std) + self.global_mean
 
+    @contextlib.contextmanager
+    def numerics(self) -> Iterator[None]:
+        """Apply this codec's precision policy (:attr:`allow_tf32`) to cuDNN and cuBLAS, then restore.
+
+        The flags are process-wide in PyTorch: every decode of this codec (eager calls, graph captures,
+        compiles) runs inside this context so that all of them compute the same function.
+        """
+        cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+        saved = cudnn.allow_tf32, matmul.allow_tf32
+        cudnn.allow_tf32 = matmul.allow_tf32 = self.allow_tf32
+        try:
+            yield
+        finally:
+            cudnn.allow_tf32, matmul.allow_tf32 = saved
+
     @torch.inference_mode()
     def decode(self, latents: Tensor | np.ndarray[Any, Any]) -> Tensor:
         """Normalised latents ``[B, T, latent_dim]`` -> float32 audio ``[B, channels, T * hop_size]``."""
         z = self._checked(latents)
         param = self.global_mean
         z = z.to(device=param.device, dtype=param.dtype)
-        audio = self.synthesize(self.denormalize(z).transpose(1, 2))
+        with self.numerics():
+            audio = self.synthesize(self.denormalize(z).transpose(1, 2))
         return audio.float()
 
     def _checked(self, latents: Tensor | np.ndarray[Any, Any]) -> Tensor:

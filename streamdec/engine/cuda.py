@@ -251,7 +251,9 @@ class CudaGraphEngine(Engine):
     def _run(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        with torch.inference_mode():
+        # The codec's precision policy (TF32 off by default) holds for every capture, compile and eager
+        # call this thread makes, so all tiers compute the function codec.decode computes.
+        with torch.inference_mode(), self.codec.numerics():
             while (work := self._next_work()) is not None:
                 try:
                     work()
