@@ -1,0 +1,187 @@
+"""``streamdec bench``: tile sizes, tiers, baselines and concurrency, as JSON and PNG plots.
+
+Example (what produced the committed CPU results)::
+
+    streamdec bench --device cpu --threads 1 --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+from typing import Any
+
+import torch
+
+from .config import BenchConfig
+from .engines import TIERS
+
+__all__ = ["configure_bench", "run_bench", "summary_table"]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.replace(",", " ").split())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(v for v in text.replace(",", " ").split() if v)
+    bad = [n for n in names if n not in TIERS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown tier(s) {bad}: pick from {', '.join(TIERS)}")
+    return names
+
+
+def configure_bench(parser: argparse.ArgumentParser) -> None:
+    """Add the ``streamdec bench`` arguments; unset ones take the device's defaults (BenchConfig.for_device)."""
+    d = BenchConfig()
+    a = parser.add_argument
+    a("--codec", help="preset or checkpoint (default: auk-24k on CUDA, tiny on the CPU)")
+    a("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
+    a("--dtype", default=d.dtype, choices=("float32", "float16", "bfloat16"))
+    a("--sizes", type=_ints, help=f"emission sizes in frames (default {','.join(map(str, d.sizes))})")
+    a(
+        "--tiers",
+        type=_names,
+        help="tiers to sweep, in order (default CUDA: graph,eager,compiled; CPU: eager)",
+    )
+    a(
+        "--compiled-sizes",
+        type=_ints,
+        default=d.compiled_sizes,
+        help="sizes the compiled tier sweeps (slow compile)",
+    )
+    a("--clip-seconds", type=float, help="clip length for baselines and streaming (default 10, CPU 4)")
+    a("--repeats", type=int, help="timed repeats per window size (default 20, CPU 5)")
+    a("--warm-calls", type=int, default=d.warm_calls, help="untimed calls before the timed ones")
+    a("--ttfa-repeats", type=int, help="streams per size for time to first audio (default 10, CPU 5)")
+    a(
+        "--max-point-s",
+        type=float,
+        default=d.max_point_s,
+        help="longest a clip-streaming measurement may take; longer ones are estimated",
+    )
+    a(
+        "--xfade-frames",
+        type=int,
+        default=d.xfade_frames,
+        help="crossfade baseline overlap (capped at the chunk)",
+    )
+    a("--seed-tile", type=int, default=d.seed_tile, help="the seed approach's tile, frames")
+    a("--streams", type=_ints, help="concurrency sweep, streams (default CUDA 1..128, CPU 1,2,3,4,6,8)")
+    a("--conc-seconds", type=float, default=d.conc_seconds, help="length of each real-time stream")
+    a(
+        "--burst",
+        type=int,
+        default=d.burst,
+        help="frames per latent chunk; chunks arrive at the codec frame rate",
+    )
+    a("--stagger", type=float, default=d.stagger, help="stream starts spread over this many seconds")
+    a("--prebuffer-ms", type=float, default=d.prebuffer_ms, help="listener prebuffer before playback starts")
+    a("--conc-min-emit", type=int, default=d.conc_min_emit, help="concurrency policy: first tile")
+    a("--conc-max-emit", type=int, default=d.conc_max_emit, help="concurrency policy: largest tile")
+    a("--conc-tier", choices=TIERS, help="tier serving the concurrency sweep (default CUDA graph, CPU eager)")
+    a(
+        "--batch-buckets",
+        type=_ints,
+        default=d.batch_buckets,
+        help="GPU batch buckets for the concurrency sweep",
+    )
+    a(
+        "--ttfa-limit-ms",
+        type=float,
+        default=d.ttfa_limit_ms,
+        help="p99 time to first audio a passing N must meet",
+    )
+    a("--no-baselines", dest="baselines", action="store_false")
+    a("--no-concurrency", dest="concurrency", action="store_false")
+    a("--no-websocket", dest="websocket", action="store_false", help="concurrency through StreamDecoder only")
+    a(
+        "--budget-s",
+        type=float,
+        help="soft wall-clock budget: later points and sections are skipped (and listed)",
+    )
+    a(
+        "--compile-estimate-s",
+        type=float,
+        default=d.compile_estimate_s,
+        help="assumed cost of the first compile",
+    )
+    a("--threads", type=int, help="torch CPU threads (default: torch's)")
+    a("--seed", type=int, default=d.seed)
+    a("--out", default=d.out, help="output folder (default bench/results)")
+    a("--name", help="file stem (default <date>-<device>-bench)")
+    a("--no-plots", dest="plots", action="store_false")
+    a("--quiet", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    values: dict[str, Any] = dict(BenchConfig.for_device(device))
+    values["device"] = device
+    for f in dataclasses.fields(BenchConfig):
+        given = getattr(args, f.name, None)
+        if given is not None and f.name != "device":
+            values[f.name] = given
+    return BenchConfig(**values)
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """A short plain-text digest of a result (the full figures are in the JSON)."""
+    lines = [f"codec {result['meta']['codec']['name']} on {result['meta']['device_name']}"]
+    lines.append(
+        f"{'tier':<9}{'emit':>5}{'window':>7}{'p50 ms':>9}{'p99 ms':>9}{'ttfa p50':>9}{'vs whole':>9}{'us/frame':>10}"
+    )
+    for tier in result["tiles"]["tiers"]:
+        for p in tier["points"]:
+            s = p["stream"]
+            lines.append(
+                f"{tier['tier']:<9}{p['emit_frames']:>5}{p['window_frames']:>7}{_fmt(p['window_ms']['p50']):>9}"
+                f"{_fmt(p['window_ms']['p99']):>9}{_fmt(p['ttfa_ms']['p50']):>9}{_fmt(s.get('vs_whole'), '.2f'):>9}"
+                f"{_fmt(s.get('us_per_emitted_frame'), '.0f'):>10}"
+            )
+    base = result.get("baselines") or {}
+    if base:
+        lines.append(
+            f"whole clip {base['whole']['frames']} frames: {_fmt(base['whole']['decode_ms']['p50'])} ms"
+        )
+        for key in ("naive", "crossfade"):
+            for row in base.get(key) or []:
+                e = row["error"]
+                lines.append(
+                    f"{key:<9} chunk {row['chunk_frames']:>4}: {_fmt(row['decode_ms']['p50'])} ms, "
+                    f"SNR {_fmt(e['snr_db'])} dB, click {_fmt(e['click_energy_db'])} dB"
+                )
+    conc = result.get("concurrency") or {}
+    for name in ("decoder", "websocket"):
+        for p in conc.get(name) or []:
+            lines.append(
+                f"{name:<9} N={p['streams']:>4}: ttfa p50 {_fmt(p['ttfa_ms']['p50'])} p99 {_fmt(p['ttfa_ms']['p99'])} ms, "
+                f"underruns {p['underrun_events']} ({p['streams_with_underruns']} streams), "
+                f"busy {_fmt(p['busy_fraction'], '.2f')}, util {_fmt(p['gpu_util_pct'], '.0f')}%"
+            )
+    if conc:
+        lines.append(f"max streams (p99 ttfa <= limit, no underruns): {conc.get('max_streams')}")
+    for err in result.get("errors", []):
+        lines.append(f"ERROR in {err['section']}: {err['error']}")
+    for skip in result.get("skipped", []):
+        lines.append(f"skipped: {skip}")
+    return "\n".join(lines)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run ``streamdec bench``; prints a digest and the files written. Exit 1 if a section failed."""
+    from .runner import run
+
+    cfg = config_from_args(args)
+    result = asyncio.run(run(cfg, quiet=args.quiet))
+    print(summary_table(result))
+    print(f"wrote {result['json']}" + "".join(f", {p}" for p in result.get("plots", [])))
+    return 1 if result["errors"] else 0

@@ -1,0 +1,370 @@
+"""Concurrency sweep: N real-time streams at once, through ``StreamDecoder`` and through the websocket server.
+
+Every stream is a clip of random latents that *arrives in real time*: chunk ``k`` (``burst`` frames) is
+available at ``start + k * burst / frame_rate``. Stream starts are spread uniformly over ``stagger`` s.
+
+* **TTFA** (``ttfa_ms``): from the arrival of the chunk that completes the stream's first window (found by
+  running the planner on the arrival schedule) to the first audio in the listener's hands. The wait for
+  those latents (``first_window_wait_ms``) is the policy's, not the decoder's: no decoder can beat it.
+  ``ttfa_from_start_ms`` adds it back (from the first chunk's arrival).
+* **Underruns**: the listener starts playing ``prebuffer`` after its first audio and then needs frame
+  ``f`` at ``play_start + f / frame_rate``; a tile that arrives after its frame's time is an underrun,
+  playback stalls until it arrives, and later deadlines move by the stall (``stall_ms``).
+* ``ideal``: the same listener fed by a decoder that takes no time (pure planning): underruns there are
+  the emission policy's own, whatever the hardware.
+* GPU utilisation: NVML's share of time a kernel ran, sampled every 50 ms (``gpu_util_source: nvml``);
+  ``busy_fraction`` is always the engine's booked device seconds over wall seconds.
+
+The websocket server runs in this process on its own thread and event loop, sharing the warm engine;
+clients connect (one connection and stream each) before the clock starts, on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..codecs import Codec
+from ..engine import Engine
+from ..planning import StreamPlanner
+from ..streaming import StreamDecoder
+from .common import Budget, Latents, Progress
+from .meta import UtilSampler
+from .stats import summary
+
+__all__ = ["ConcurrencySettings", "ServerThread", "listen", "simulate_policy", "sweep"]
+
+
+@dataclass(frozen=True)
+class ConcurrencySettings:
+    streams: tuple[int, ...]
+    seconds: float
+    burst: int
+    stagger: float
+    prebuffer_ms: float
+    min_emit: int
+    max_emit: int
+    ttfa_limit_ms: float
+    seed: int = 0
+
+
+@dataclass
+class _Record:
+    start: float  # arrival of chunk 0
+    tiles: list[tuple[float, int, int]] = field(default_factory=list)  # (arrival, start frame, frames)
+    error: str | None = None
+
+
+def listen(tiles: list[tuple[float, int, int]], prebuffer_s: float, frame_s: float) -> tuple[int, float]:
+    """``(underruns, stall seconds)`` of a listener fed ``tiles``; see the module docstring."""
+    if not tiles:
+        return 0, 0.0
+    play = tiles[0][0] + prebuffer_s
+    stall, underruns = 0.0, 0
+    for arrived, start_frame, _frames in tiles:
+        deadline = play + start_frame * frame_s + stall
+        if arrived > deadline:
+            underruns += 1
+            stall += arrived - deadline
+    return underruns, stall
+
+
+def simulate_policy(
+    left: int, right: int, min_emit: int, max_emit: int, frames: int, burst: int, frame_s: float
+) -> tuple[int, list[tuple[float, int, int]]]:
+    """Plan a real-time stream with a zero-time decoder: ``(chunk completing window 1, tiles)``."""
+    planner = StreamPlanner(left, right, min_emit=min_emit, max_emit=max_emit)
+    chunks = -(-frames // burst)
+    first: int | None = None
+    tiles = []
+    for k in range(chunks):
+        received, ended = min(frames, (k + 1) * burst), k == chunks - 1
+        while (w := planner.next_window(received, ended)) is not None:
+            first = k if first is None else first
+            tiles.append((k * burst * frame_s, w.emit_start, w.emit_frames))
+    assert first is not None
+    return first, tiles
+
+
+async def _paced(clip: torch.Tensor, start: float, burst: int, frame_s: float) -> Any:
+    for k in range(0, int(clip.shape[0]), burst):
+        delay = start + (k // burst) * burst * frame_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield clip[k : k + burst]
+
+
+async def _decoder_stream(
+    decoder: StreamDecoder, clip: torch.Tensor, rec: _Record, s: ConcurrencySettings, frame_s: float
+) -> None:
+    delay = rec.start - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    try:
+        async with decoder.decode_tiles(_paced(clip, rec.start, s.burst, frame_s)) as tiles:
+            async for tile in tiles:
+                rec.tiles.append((time.perf_counter(), tile.start_frame, tile.frames))
+    except Exception as exc:  # recorded per stream: one failure must not hide the others' figures
+        rec.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _client_stream(
+    url: str,
+    clip: torch.Tensor,
+    rec: _Record,
+    s: ConcurrencySettings,
+    frame_s: float,
+    hop: int,
+    connected: asyncio.Semaphore,
+    go: asyncio.Event,
+) -> None:
+    from streamdec.clients import connect
+
+    try:
+        async with connect(url, open_timeout=30) as conn:
+            stream = await conn.open_stream(format="pcm_f32le")
+            connected.release()
+            await go.wait()
+
+            async def send() -> None:
+                for k in range(0, int(clip.shape[0]), s.burst):
+                    delay = rec.start + (k // s.burst) * s.burst * frame_s - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await stream.send(clip[k : k + s.burst])
+                await stream.end()
+
+            sender = asyncio.create_task(send())
+            async for frame in stream:
+                rec.tiles.append((time.perf_counter(), frame.start_sample // hop, frame.n_samples // hop))
+            await sender
+    except Exception as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+        connected.release()
+
+
+class ServerThread:
+    """A :class:`~streamdec.server.StreamServer` on 127.0.0.1:0 in its own thread and event loop.
+
+    It serves through a fresh ``StreamDecoder`` over the given (already warm) engine and never closes that
+    engine: the caller owns it.
+    """
+
+    def __init__(
+        self, codec: Codec, engine: Engine, min_emit: int, max_emit: int, max_connections: int
+    ) -> None:
+        self.codec, self.engine = codec, engine
+        self.min_emit, self.max_emit, self.max_connections = min_emit, max_emit, max_connections
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="bench-server", daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(120) or self._error is not None:
+            raise RuntimeError(f"benchmark server did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from streamdec.server import ServerConfig, StreamServer
+
+        decoder = StreamDecoder(
+            self.codec, min_emit=self.min_emit, max_emit=self.max_emit, engine=self.engine
+        )
+        config = ServerConfig(
+            host="127.0.0.1", port=0, max_connections=self.max_connections, send_timeout=60.0
+        )
+        server = StreamServer(decoder, config)
+        await server.start()
+        await server.warmup()  # the engine is warm already: this only marks the server ready
+        self.url = server.url
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await server.shutdown(grace=5.0)
+
+
+def _point(
+    records: list[_Record], s: ConcurrencySettings, first_chunk: int, frame_s: float, frames: int
+) -> dict[str, Any]:
+    ttfa, from_start, stalls, underruns, broken = [], [], [], 0, 0
+    streams_underrun = 0
+    errors = [r.error for r in records if r.error]
+    for r in records:
+        got = sum(t[2] for t in r.tiles)
+        if r.error or got != frames or not r.tiles:
+            broken += 1
+            continue
+        completing = r.start + first_chunk * s.burst * frame_s
+        ttfa.append(r.tiles[0][0] - completing)
+        from_start.append(r.tiles[0][0] - r.start)
+        n, stall = listen(r.tiles, s.prebuffer_ms / 1e3, frame_s)
+        underruns += n
+        streams_underrun += n > 0
+        stalls.append(stall)
+    t = summary(ttfa, 1e3)
+    ok = broken == 0 and underruns == 0 and t["p99"] is not None and t["p99"] <= s.ttfa_limit_ms
+    return {
+        "streams": len(records),
+        "ttfa_ms": t,
+        "ttfa_from_start_ms": summary(from_start, 1e3),
+        "underrun_events": underruns,
+        "streams_with_underruns": streams_underrun,
+        "stall_ms": summary(stalls, 1e3),
+        "broken_streams": broken,
+        "errors": errors[:5],
+        "ok": ok,
+    }
+
+
+async def _run_point(
+    n: int,
+    s: ConcurrencySettings,
+    engine: Engine,
+    frames: int,
+    latents: Latents,
+    rng: random.Random,
+    run: Any,
+) -> tuple[list[_Record], dict[str, Any]]:
+    clips = [latents(frames) for _ in range(n)]
+    before = engine.stats
+    sampler = UtilSampler(engine.device)
+    t0 = time.perf_counter() + 0.05
+    records = [_Record(t0 + rng.uniform(0.0, s.stagger)) for _ in range(n)]
+    began = time.perf_counter()
+    with sampler:
+        await run(clips, records, t0)
+    wall = time.perf_counter() - began
+    after = engine.stats
+    decodes = after.decodes - before.decodes
+    windows = after.windows - before.windows
+    usage = {
+        "wall_s": wall,
+        "windows": windows,
+        "device_calls": decodes,
+        "mean_batch": windows / decodes if decodes else None,
+        "busy_fraction": (after.decode_seconds - before.decode_seconds) / wall if wall > 0 else None,
+        "gpu_util_pct": sampler.mean(),
+        "gpu_util_source": "nvml" if sampler.available else "engine decode_seconds / wall (busy_fraction)",
+    }
+    return records, usage
+
+
+async def sweep(
+    codec: Codec,
+    engine: Engine,
+    s: ConcurrencySettings,
+    *,
+    websocket: bool,
+    latents: Latents,
+    budget: Budget,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Both paths over ``s.streams``; each path stops once a point fails badly (p99 > 10x limit or
+    underruns in more than half the streams)."""
+    left, right = codec.context_frames()
+    frame_s = codec.hop_size / codec.sample_rate
+    frames = round(s.seconds / frame_s)
+    first_chunk, ideal_tiles = simulate_policy(left, right, s.min_emit, s.max_emit, frames, s.burst, frame_s)
+    ideal_underruns, ideal_stall = listen(ideal_tiles, s.prebuffer_ms / 1e3, frame_s)
+    out: dict[str, Any] = {
+        "frames_per_stream": frames,
+        "first_window_chunk": first_chunk,
+        "first_window_wait_ms": first_chunk * s.burst * frame_s * 1e3,
+        "ideal": {"underruns": ideal_underruns, "stall_ms": ideal_stall * 1e3, "tiles": len(ideal_tiles)},
+        "decoder": [],
+        "websocket": [],
+    }
+    rng = random.Random(s.seed)
+    decoder = StreamDecoder(codec, min_emit=s.min_emit, max_emit=s.max_emit, engine=engine)
+
+    async def via_decoder(clips: list[torch.Tensor], records: list[_Record], t0: float) -> None:
+        await asyncio.gather(
+            *(_decoder_stream(decoder, c, r, s, frame_s) for c, r in zip(clips, records, strict=True))
+        )
+
+    paths: list[tuple[str, Any]] = [("decoder", via_decoder)]
+    server: ServerThread | None = None
+    if websocket:
+        server = ServerThread(codec, engine, s.min_emit, s.max_emit, max(s.streams) + 8)
+
+        async def via_websocket(clips: list[torch.Tensor], records: list[_Record], t0: float) -> None:
+            assert server is not None
+            connected, go = asyncio.Semaphore(0), asyncio.Event()
+            tasks = [
+                asyncio.create_task(
+                    _client_stream(server.url, c, r, s, frame_s, codec.hop_size, connected, go)
+                )
+                for c, r in zip(clips, records, strict=True)
+            ]
+            for _ in tasks:
+                await connected.acquire()
+            # The clock starts once every client is connected: shift the schedule to now.
+            shift = time.perf_counter() + 0.05 - t0
+            for r in records:
+                r.start += shift
+            go.set()
+            await asyncio.gather(*tasks)
+
+        paths.append(("websocket", via_websocket))
+
+    per_point = s.seconds + s.stagger + 2.0
+    with server if server is not None else contextlib.nullcontext():
+        for name, run in paths:
+            for n in s.streams:
+                progress.step(f"concurrency {name}: {n} streams")
+                if not budget.allows(per_point, f"concurrency {name} N={n}"):
+                    break
+                records, usage = await _run_point(n, s, engine, frames, latents, rng, run)
+                point = _point(records, s, first_chunk, frame_s, frames)
+                point.update(usage)
+                out[name].append(point)
+                if _hopeless(point, s):
+                    out.setdefault("stopped", {})[name] = f"after N={n}: far past the limits"
+                    break
+    for name, _ in paths:
+        passing = [p["streams"] for p in out[name] if p["ok"]]
+        out.setdefault("max_streams", {})[name] = _largest_prefix(out[name])
+        out.setdefault("passing", {})[name] = passing
+    return out
+
+
+def _largest_prefix(points: list[dict[str, Any]]) -> int:
+    """The largest N such that it and every smaller N measured met the limits (0 if N=1 failed)."""
+    best = 0
+    for p in points:
+        if not p["ok"]:
+            break
+        best = p["streams"]
+    return best
+
+
+def _hopeless(point: dict[str, Any], s: ConcurrencySettings) -> bool:
+    p99 = point["ttfa_ms"]["p99"]
+    return bool(
+        point["broken_streams"] == point["streams"]
+        or (p99 is not None and p99 > 10 * s.ttfa_limit_ms)
+        or point["streams_with_underruns"] * 2 > point["streams"]
+    )

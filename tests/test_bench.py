@@ -1,0 +1,154 @@
+"""The benchmark: its pure pieces (listener model, policy simulation, baselines, error metrics) and a
+small CPU smoke run of the whole ``streamdec bench`` so it cannot rot. No timing is asserted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamdec.bench import BenchConfig, run
+from streamdec.bench.cli import config_from_args, configure_bench, summary_table
+from streamdec.bench.concurrency import listen, simulate_policy
+from streamdec.bench.quality import crossfade_chunks, error_metrics, naive_chunks, seam_samples
+from streamdec.errors import ConfigError
+
+HOP = 4
+
+
+def _local_decode(z: torch.Tensor) -> torch.Tensor:
+    """A context-free 'codec': each frame becomes HOP samples of its first latent value. [B,T,D] -> [B,1,T*HOP]"""
+    return z[..., :1].repeat_interleave(HOP, dim=1).transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("tiles", "prebuffer", "expected"),
+    [
+        pytest.param([(0.0, 0, 2), (0.04, 2, 2), (0.08, 4, 2)], 0.0, (0, 0.0), id="on-time"),
+        pytest.param([(0.0, 0, 2), (0.05, 2, 2), (0.08, 4, 2)], 0.0, (1, 0.01), id="late-then-stall-absorbs"),
+        pytest.param([(0.0, 0, 2), (0.05, 2, 2)], 0.02, (0, 0.0), id="prebuffer-covers"),
+        pytest.param([], 0.0, (0, 0.0), id="no-tiles"),
+    ],
+)
+def test_listener_counts_late_tiles_and_stalls(
+    tiles: Any, prebuffer: float, expected: tuple[int, float]
+) -> None:
+    """A tile later than its playback time is one underrun; playback stalls by the lateness."""
+    underruns, stall = listen(tiles, prebuffer, frame_s=0.02)
+    assert underruns == expected[0]
+    assert stall == pytest.approx(expected[1])
+
+
+def test_policy_simulation_finds_the_chunk_completing_the_first_window() -> None:
+    """With 4-frame chunks, min_emit 4 and right context 7, the first window needs 11 frames: chunk 2."""
+    first, tiles = simulate_policy(52, 7, 4, 8, frames=100, burst=4, frame_s=0.02)
+    assert first == 2
+    assert sum(t[2] for t in tiles) == 100
+    assert [t[1] for t in tiles] == sorted(t[1] for t in tiles)
+
+
+@settings(max_examples=40, deadline=None)
+@given(frames=st.integers(1, 40), chunk=st.integers(1, 12), overlap=st.integers(0, 12))
+def test_chunked_baselines_are_exact_for_a_context_free_decoder(
+    frames: int, chunk: int, overlap: int
+) -> None:
+    """For every chunking, naive and crossfaded chunks equal the whole decode when no frame needs context."""
+    z = torch.randn(frames, 3)
+    whole = _local_decode(z[None])[0]
+    assert torch.equal(naive_chunks(z, chunk, _local_decode), whole)
+    assert torch.allclose(
+        crossfade_chunks(z, chunk, min(overlap, chunk), _local_decode, HOP), whole, atol=1e-6
+    )
+
+
+def test_error_metrics_exact_and_noisy() -> None:
+    """An exact copy is bit-exact with no SNR; added noise gives the SNR it was made with."""
+    ref = torch.randn(1, 48_000, generator=torch.Generator().manual_seed(1))
+    exact = error_metrics(ref.clone(), ref, seam_samples(100, 10, 480), 24_000)
+    assert exact["bit_exact"] is True and exact["snr_db"] is None and exact["seams"] == 9
+    noisy = error_metrics(ref + 0.1 * torch.randn_like(ref), ref, [], 24_000)
+    assert noisy["snr_db"] == pytest.approx(20.0, abs=0.3)
+    assert noisy["click_energy_db"] is None
+
+
+def test_config_refuses_unknown_tier_and_bad_policy() -> None:
+    """Bad settings fail once, with the value in the message."""
+    with pytest.raises(ConfigError, match="warp"):
+        BenchConfig(tiers=("warp",))
+    with pytest.raises(ConfigError, match="conc_max_emit=2"):
+        BenchConfig(conc_min_emit=4, conc_max_emit=2)
+
+
+def test_cpu_defaults_come_from_the_device() -> None:
+    """Unset arguments take the device's defaults: tiny and eager on the CPU."""
+    parser = argparse.ArgumentParser()
+    configure_bench(parser)
+    cfg = config_from_args(parser.parse_args(["--device", "cpu", "--repeats", "3"]))
+    assert (cfg.codec, cfg.tiers, cfg.repeats) == ("tiny", ("eager",), 3)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    pytest.importorskip("matplotlib")
+    out = tmp_path_factory.mktemp("bench")
+    cfg = BenchConfig(
+        codec="tiny", device="cpu", sizes=(4,), clip_seconds=0.5, repeats=1, warm_calls=0, ttfa_repeats=1,
+        streams=(1,), conc_seconds=0.5, stagger=0.0, out=str(out), name="smoke",
+    )  # fmt: skip
+    # The client library leaves its open_stream reply channel (an anyio memory stream pair) unclosed; the
+    # ResourceWarning surfaces whenever the garbage collector happens to run. Reported to the lead; it is
+    # not what this smoke run checks, so it is silenced here, for those two objects only.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Unclosed <MemoryObject", category=ResourceWarning)
+        result = asyncio.run(run(cfg, quiet=True))
+        gc.collect()
+    return result, out
+
+
+def test_smoke_run_writes_json_with_provenance(smoke: tuple[dict[str, Any], Path]) -> None:
+    """The JSON on disk records command, device, torch, commit and date, and no section failed."""
+    _, out = smoke
+    on_disk = json.loads((out / "smoke.json").read_text())
+    assert on_disk["errors"] == []
+    meta = on_disk["meta"]
+    for key in ("command", "device", "torch", "git_commit", "date_utc"):
+        assert meta[key]
+    assert on_disk["warmup"]["eager"]["seconds"] >= 0  # warm-up reported on its own
+    assert "click_energy_db" in on_disk["definitions"]
+
+
+def test_smoke_run_streamdec_is_exact_and_naive_is_not(smoke: tuple[dict[str, Any], Path]) -> None:
+    """Streamed tiles match the whole decode; naive chunks do not (their seams click)."""
+    result, _ = smoke
+    point = result["tiles"]["tiers"][0]["points"][0]
+    error = point["stream"]["error"]
+    assert error["bit_exact"] or error["snr_db"] > 100
+    naive = result["baselines"]["naive"][0]["error"]
+    assert naive["snr_db"] is not None and naive["snr_db"] < 60
+    assert naive["click_energy_db"] is not None
+
+
+def test_smoke_run_measures_both_concurrency_paths(smoke: tuple[dict[str, Any], Path]) -> None:
+    """One real-time stream went through StreamDecoder and one through the websocket server, completely."""
+    conc = smoke[0]["concurrency"]
+    for path in ("decoder", "websocket"):
+        (point,) = conc[path]
+        assert point["broken_streams"] == 0 and point["ttfa_ms"]["n"] == 1
+    assert "max streams" in summary_table(smoke[0])
+
+
+def test_smoke_run_writes_png_plots(smoke: tuple[dict[str, Any], Path]) -> None:
+    """Four plots, each a PNG file."""
+    result, out = smoke
+    assert len(result["plots"]) == 4
+    for name in result["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
