@@ -37,7 +37,9 @@ def refs() -> tuple[Any, Any]:
 
     missing = [m for m in ("dac", "bigvgan") if importlib.util.find_spec(m) is None]
     if missing:  # find_spec, not importorskip: importing dac before the stub would load torchaudio's .so
-        pytest.skip(f"needs the ref extra ({missing} missing): pip install -c constraints-cpu.txt -e '.[ref]'")
+        pytest.skip(
+            f"needs the ref extra ({missing} missing): pip install -c constraints-cpu.txt -e '.[ref]'"
+        )
 
     return import_references()
 
@@ -50,7 +52,11 @@ def _randomize(model: torch.nn.Module, seed: int, *, positive_alpha: bool, log_s
         for name, p in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             if leaf in ("alpha", "beta"):
-                value = torch.randn(p.shape, generator=gen) * 0.3 if log_snake else torch.rand(p.shape, generator=gen) * 1.5 + 0.5
+                value = (
+                    torch.randn(p.shape, generator=gen) * 0.3
+                    if log_snake
+                    else torch.rand(p.shape, generator=gen) * 1.5 + 0.5
+                )
                 if not positive_alpha and not log_snake:
                     value = value * torch.sign(torch.randn(p.shape, generator=gen))
             elif leaf == "weight_g":
@@ -73,7 +79,11 @@ def _quiet() -> Any:
 # -- DAC ---------------------------------------------------------------------------------------------
 DAC_CASES = {
     "44k-rates": {"decoder_rates": [8, 8, 4, 2], "encoder_rates": [2, 4, 8, 8], "sample_rate": 44100},
-    "24k-rates-odd-stride": {"decoder_rates": [8, 5, 4, 2], "encoder_rates": [2, 4, 5, 8], "sample_rate": 24000},
+    "24k-rates-odd-stride": {
+        "decoder_rates": [8, 5, 4, 2],
+        "encoder_rates": [2, 4, 5, 8],
+        "sample_rate": 24000,
+    },
 }
 
 
@@ -83,7 +93,9 @@ def test_dac_decoder_matches_reference(refs: tuple[Any, Any], tmp_path: Path, ca
     dac_module, _ = refs
     ctx = _quiet()
     try:
-        model = dac_module.DAC(encoder_dim=4, latent_dim=24, decoder_dim=64, n_codebooks=2, codebook_size=16, **case)
+        model = dac_module.DAC(
+            encoder_dim=4, latent_dim=24, decoder_dim=64, n_codebooks=2, codebook_size=16, **case
+        )
     finally:
         ctx.__exit__(None, None, None)
     _randomize(model, seed=1, positive_alpha=True)
@@ -100,7 +112,9 @@ def test_dac_decoder_matches_reference(refs: tuple[Any, Any], tmp_path: Path, ca
     length = expected.shape[-1]
     assert got.shape == (2, 1, 12 * codec.hop_size) and length <= got.shape[-1]
     assert (got[..., :length] - expected).abs().max().item() <= TOL
-    assert torch.all(got[..., length:] == 0)  # odd strides: DAC returns T*hop - 8 samples; the rest is padding
+    assert torch.all(
+        got[..., length:] == 0
+    )  # odd strides: DAC returns T*hop - 8 samples; the rest is padding
 
 
 # -- BigVGAN ------------------------------------------------------------------------------------------------
@@ -122,17 +136,27 @@ BIGVGAN_BASE: dict[str, Any] = {
 }
 BIGVGAN_CASES = {
     "v2-24k-geometry": {},
-    "v2-44k-512x-geometry": {"upsample_rates": [8, 4, 2, 2, 2, 2], "upsample_kernel_sizes": [16, 8, 4, 4, 4, 4]},
+    "v2-44k-512x-geometry": {
+        "upsample_rates": [8, 4, 2, 2, 2, 2],
+        "upsample_kernel_sizes": [16, 8, 4, 4, 4, 4],
+    },
     "snake-linear-resblock2-tanh-bias": {
-        "activation": "snake", "snake_logscale": False, "resblock": "2", "use_tanh_at_final": True,
-        "use_bias_at_final": True, "upsample_rates": [4, 2], "upsample_kernel_sizes": [8, 4],
+        "activation": "snake",
+        "snake_logscale": False,
+        "resblock": "2",
+        "use_tanh_at_final": True,
+        "use_bias_at_final": True,
+        "upsample_rates": [4, 2],
+        "upsample_kernel_sizes": [8, 4],
         "upsample_initial_channel": 16,
-    },  # fmt: skip
+    },
 }
 
 
 @pytest.mark.parametrize("case", list(BIGVGAN_CASES.values()), ids=list(BIGVGAN_CASES))
-def test_bigvgan_generator_matches_reference(refs: tuple[Any, Any], tmp_path: Path, case: dict[str, Any]) -> None:
+def test_bigvgan_generator_matches_reference(
+    refs: tuple[Any, Any], tmp_path: Path, case: dict[str, Any]
+) -> None:
     """bigvgan_generator.pt + config.json written by BigVGAN itself decode like BigVGAN (1e-5)."""
     _, bigvgan_module = refs
     from bigvgan.env import AttrDict

@@ -252,7 +252,7 @@ class BigVGANGenerator(Codec):
         return torch.tanh(x) if self.config.use_tanh_at_final else x.clamp(-1.0, 1.0)
 
     def input_interval(self, lo: int, hi: int) -> Interval:
-        return through([self.conv_pre, *self._stages(), self.activation_post, self.conv_post], lo, hi)  # type: ignore[list-item]
+        return through([self.conv_pre, *self._stages(), self.activation_post, self.conv_post], lo, hi)
 
     def refresh_cache(self) -> None:
         _refresh(self)

@@ -109,7 +109,8 @@ class ResidualUnit(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
-        return x + self.block(x)
+        out: Tensor = x + self.block(x)
+        return out
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return residual(list(self.block), lo, hi)  # type: ignore[arg-type]

@@ -293,7 +293,7 @@ class PaddedConvTranspose1d(nn.ConvTranspose1d):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_transpose_interval(
-            lo, hi, kernel=self.kernel_size[0], stride=self.stride[0], crop_left=self.padding[0]
+            lo, hi, kernel=self.kernel_size[0], stride=self.stride[0], crop_left=int(self.padding[0])
         )
 
 

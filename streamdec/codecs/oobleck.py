@@ -110,7 +110,8 @@ class ResidualUnit(nn.Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
-        return x + self.layers(x)
+        out: Tensor = x + self.layers(x)
+        return out
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return residual(list(self.layers), lo, hi)  # type: ignore[arg-type]
@@ -177,13 +178,13 @@ class OobleckDecoder(Codec):
 
     @classmethod
     def from_config(cls, name: str, config: Mapping[str, Any]) -> OobleckDecoder:
-        config = OobleckConfig.from_dict(config)
-        if any(s % 2 for s in config.strides):
+        cfg = OobleckConfig.from_dict(config)
+        if any(s % 2 for s in cfg.strides):
             raise CodecError(
-                f"Oobleck strides {config.strides} include an odd stride, whose transposed conv would not "
+                f"Oobleck strides {cfg.strides} include an odd stride, whose transposed conv would not "
                 f"give T*stride samples; only even strides are supported"
             )
-        return cls(name, config)
+        return cls(name, cfg)
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
