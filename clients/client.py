@@ -144,6 +144,7 @@ class Connection:
         self._streams: dict[int, ClientStream] = {}
         self._pending: dict[int, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._ids = itertools.count()
+        self._handles: list[ClientStream] = []  # every stream opened; all are closed with the connection
 
     async def send_json(self, obj: dict[str, Any]) -> None:
         await self.ws.send(_json(obj))
@@ -161,9 +162,10 @@ class Connection:
         reply_in, reply_out = anyio.create_memory_object_stream[dict[str, Any]](1)
         self._pending[sid] = reply_in
         try:
-            await self.send_json({"type": "start", "stream": sid, "dtype": dtype, "format": format})
-            reply = await reply_out.receive()
-        except anyio.EndOfStream:
+            with reply_in, reply_out:
+                await self.send_json({"type": "start", "stream": sid, "dtype": dtype, "format": format})
+                reply = await reply_out.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise self.closed_error(sid) from None
         finally:
             self._pending.pop(sid, None)
@@ -171,6 +173,7 @@ class Connection:
             raise _server_error(reply)
         handle = ClientStream(self, sid, dtype, format)
         self._streams[sid] = handle
+        self._handles.append(handle)
         return handle
 
     def closed_error(self, stream: int) -> ServerError:
@@ -252,3 +255,6 @@ async def connect(
                 yield conn
             finally:
                 tg.cancel_scope.cancel()
+                for handle in conn._handles:
+                    handle._in.close()
+                    handle._out.close()

@@ -103,12 +103,13 @@ class _Connection:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self) -> None:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self._guarded, self._writer)
-            await self._send(self.state.ready())
-            await self._guarded(self._reader)
-            tg.cancel_scope.cancel()  # the socket closed or failed: drop every stream
+        with self._outbox_in, self._outbox_out:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._guarded, self._writer)
+                await self._send(self.state.ready())
+                await self._guarded(self._reader)
+                tg.cancel_scope.cancel()  # the socket closed or failed: drop every stream
         if self._fatal is ErrorCode.OVERLOADED:
             timeout = self.server.config.send_timeout
             await self._close_with(
@@ -155,7 +156,8 @@ class _Connection:
         self.state.accepting_streams = False
         while self.state.open_streams:
             await anyio.sleep(0.01)  # shutdown only; polling keeps the stream bookkeeping free of events
-        await self._outbox_in.send(_CLOSE_GOING_AWAY)
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):  # already ending
+            await self._outbox_in.send(_CLOSE_GOING_AWAY)
 
     # -- outbound ----------------------------------------------------------------------------------
     async def _send(self, message: Any) -> None:
@@ -234,7 +236,7 @@ class _Connection:
     # -- one stream --------------------------------------------------------------------------------
     async def _run_stream(self, stream: _Stream) -> None:
         failure: BaseException | None = None
-        with stream.scope:
+        with stream.chunks_in, stream.chunks_out, stream.scope:  # the queue closes with the stream, always
             try:
                 async with self.server.decoder.decode_tiles(
                     stream.chunks_out, allow_non_finite=False
@@ -244,7 +246,6 @@ class _Connection:
             except Exception as exc:  # bad input or engine failure: this stream only
                 failure = exc
                 self.state.close_input(stream.id)
-        stream.chunks_out.close()
         status: Status = stream.stop_status or ("error" if failure else "completed")
         failure = stream.failure or failure
         if failure is not None:

@@ -1,0 +1,155 @@
+"""Helpers for the server and client tests (no tests here): a real server on port 0, raw clients."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from streamdec.server import ServerConfig, StreamServer
+from websockets.asyncio.client import ClientConnection, connect
+
+import streamdec
+from streamdec.engine import Engine, EngineStats, WarmupReport, WindowRequest, create_engine
+from streamdec.protocol import decode_audio_samples, encode_latents, parse_audio
+
+POISON = 1.0e4  # a latent value FailingEngine refuses to decode
+
+
+def tiny_codec() -> Any:
+    return streamdec.load_codec("tiny", device="cpu")
+
+
+class FailingEngine(Engine):
+    """The real engine, except that a window holding a POISON value fails like a device fault."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.device = inner.device
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def warmup(self, window_sizes: tuple[int, ...]) -> WarmupReport:
+        return await self.inner.warmup(window_sizes)
+
+    async def decode_window(self, request: WindowRequest) -> torch.Tensor:
+        if bool((request.latents == POISON).any()):
+            raise RuntimeError("simulated device fault")
+        return await self.inner.decode_window(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    @property
+    def stats(self) -> EngineStats:
+        return self.inner.stats
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    codec: Any, *, failing: bool = False, warm: bool = True, **config: Any
+) -> AsyncIterator[StreamServer]:
+    """A StreamServer on 127.0.0.1, port 0, over a fresh StreamDecoder (closed on exit)."""
+    engine = FailingEngine(create_engine(codec)) if failing else None
+    async with streamdec.StreamDecoder(codec, engine=engine) as decoder:
+        server = StreamServer(decoder, ServerConfig(host="127.0.0.1", port=0, **config))
+        async with server:
+            if warm:
+                await server.warmup()
+            yield server
+
+
+def raw(url: str, **kwargs: Any) -> Any:
+    """A plain websockets client with the settings the protocol asks for."""
+    kwargs.setdefault("max_size", 2**24)
+    return connect(url, proxy=None, compression=None, open_timeout=10, **kwargs)
+
+
+async def ready(ws: ClientConnection) -> dict[str, Any]:
+    msg = json.loads(await ws.recv())
+    assert msg["type"] == "ready"
+    return msg
+
+
+async def start(ws: ClientConnection, stream: int, **extra: str) -> None:
+    await ws.send(json.dumps({"type": "start", "stream": stream, **extra}))
+
+
+async def next_json(ws: ClientConnection) -> dict[str, Any]:
+    """The next text message (skipping none: a binary message here is a test failure)."""
+    msg = await ws.recv()
+    assert isinstance(msg, str), f"expected a control message, got {len(msg)} binary bytes"
+    return dict(json.loads(msg))
+
+
+@dataclass
+class Received:
+    """What one stream received: audio (float32 [channels, n]), arrival times, errors, done."""
+
+    chunks: list[np.ndarray] = field(default_factory=list)
+    arrivals: list[tuple[float, int, int]] = field(default_factory=list)  # (time, start_sample, n_samples)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    started: bool = False
+    done: dict[str, Any] | None = None
+    next_seq: int = 0
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(self.chunks, axis=1) if self.chunks else np.zeros((1, 0), np.float32)
+
+
+async def collect(
+    ws: ClientConnection, formats: dict[int, str], channels: int = 1, *, until_done: set[int] | None = None
+) -> tuple[dict[int, Received], list[dict[str, Any]]]:
+    """Read until every stream in ``until_done`` (default: all of ``formats``) is done.
+
+    Checks on the way that audio seq counts 0, 1, … and start_sample is gap-free. Returns what each
+    stream received and the errors that named no known stream.
+    """
+    want = set(formats) if until_done is None else set(until_done)
+    streams = {s: Received() for s in formats}
+    other: list[dict[str, Any]] = []
+    while want:
+        msg = await ws.recv()
+        if isinstance(msg, bytes):
+            audio = parse_audio(msg)
+            rec = streams[audio.stream]
+            assert audio.seq == rec.next_seq and audio.start_sample == rec.audio.shape[1]
+            rec.next_seq += 1
+            rec.chunks.append(decode_audio_samples(audio, formats[audio.stream], channels))
+            rec.arrivals.append((time.monotonic(), audio.start_sample, audio.n_samples))
+            continue
+        obj = json.loads(msg)
+        rec_or_none = streams.get(obj.get("stream"))
+        if rec_or_none is None:
+            other.append(obj)
+        elif obj["type"] == "started":
+            rec_or_none.started = True
+        elif obj["type"] == "error":
+            rec_or_none.errors.append(obj)
+        elif obj["type"] == "done":
+            rec_or_none.done = obj
+            want.discard(obj["stream"])
+    return streams, other
+
+
+async def send_latents(ws: ClientConnection, stream: int, latents: torch.Tensor, chunk: int, dtype: str = "float32",
+                       first_seq: int = 0) -> int:  # fmt: skip
+    """Send ``latents`` in messages of ``chunk`` frames; returns the next seq."""
+    seq = first_seq
+    for begin in range(0, int(latents.shape[0]), chunk):
+        await ws.send(encode_latents(stream, seq, latents[begin : begin + chunk], dtype))
+        seq += 1
+    return seq
+
+
+def offline(codec: Any, latents: torch.Tensor) -> np.ndarray:
+    """The reference: the codec's own decode of the whole clip, float32 [channels, T * hop]."""
+    with torch.no_grad():
+        return np.asarray(codec.decode(latents.float()[None])[0].numpy(), dtype=np.float32)
