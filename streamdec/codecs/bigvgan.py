@@ -145,7 +145,7 @@ BIGVGAN_44K = BigVGANConfig(  # bigvgan_v2_44khz_128band_512x
     upsample_kernel_sizes=(16, 8, 4, 4, 4, 4),
     sampling_rate=44100,
 )
-BIGVGAN_TINY = BigVGANConfig(num_mels=8, upsample_initial_channel=128)
+BIGVGAN_TINY = BigVGANConfig(num_mels=8, upsample_initial_channel=64)
 
 
 def _act(channels: int, cfg: BigVGANConfig) -> AliasFreeActivation:
