@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -192,6 +193,9 @@ class FakeCodec(nn.Module):
 
     def denormalize(self, z: Tensor) -> Tensor:
         return z + self.global_mean
+
+    def numerics(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def synthesize(self, x: Tensor) -> Tensor:  # [B, 8, T] -> [B, 2, 4T]
         self.calls.append(tuple(x.shape))
