@@ -104,6 +104,10 @@ class StreamDecoder:
         self._stats.warm = True
         return report
 
+    def freeze(self) -> None:
+        """No new graph captures from now on (see :meth:`Engine.freeze`); call after :meth:`warmup`."""
+        self.engine.freeze()
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True

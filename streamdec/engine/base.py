@@ -87,6 +87,10 @@ class Engine(abc.ABC):
     async def decode_window(self, request: WindowRequest) -> torch.Tensor:
         """Decode one window and return its emitted slice ``[channels, emit_frames * hop]``."""
 
+    def freeze(self) -> None:
+        """After warm-up: a shape that would need a new compile or capture is an error (or a counted
+        eager fallback, by engine option), never a silent stall. Engines without graphs ignore it."""
+
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Stop workers; windows still queued fail with :class:`~streamdec.errors.EngineClosedError`."""
