@@ -45,7 +45,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 # Which Triton kernel the CUDA implementation launches ("blocked", "direct" or "staged"; docs/kernels.md
 # has their timings); read at each call, so a
 # change applies to the next eager call or capture, not to graphs already captured.
-VARIANT = os.environ.get("STREAMDEC_FUSED_VARIANT", "blocked")
+VARIANT = os.environ.get("STREAMDEC_FUSED_VARIANT", "staged")
 
 
 def fused_supported(x: Tensor) -> bool:
