@@ -9,12 +9,15 @@ Math (one row ``x[0..T)`` of ``[B*C, T]``, taps ``f[0..12)``, clamp ``c(i) = min
 * ``S(i) = snake(up[max(i, 0)])`` (the causal replicate pad 11 of the down filter);
 * ``out[t] = sum_j f[11-2j] * S(2(t-j)) + sum_r f[2r] * S(2(t-6+r)+1)``, ``j, r = 0..5``.
 
-Two kernels compute exactly this:
+Three kernels compute exactly this (timings and history in ``docs/kernels.md``):
 
-* ``direct``: one program per (row, block of outputs); every output evaluates its 12 samples of ``S``
+* ``direct`` (v1): one program per (row, block of outputs); every output evaluates its 12 samples of ``S``
   from 11 shifted loads of ``x`` (6x recompute of SnakeBeta, nothing shared between lanes).
-* ``staged``: a persistent grid; each program computes ``S`` once for a tile (two phases), parks it in a
-  private scratch slot (L1/L2 resident), and after a barrier reads it back at the 12 shifted offsets.
+* ``staged`` (v2, the default): a persistent grid; each program computes ``S`` once for a tile (two
+  phases), parks it in a private scratch slot in global memory, and after a barrier reads it back at the
+  12 shifted offsets. Measured no faster than v1 on an H200.
+* ``blocked`` (v3): each lane owns 8 consecutive outputs and evaluates the 26 samples of ``S`` they need
+  once (3.25 SnakeBetas per output), no scratch and no barrier. Not yet timed on a GPU.
 
 ``sin`` is evaluated as ``sin(r)`` with ``r = z - k*pi`` (``sin^2`` has period ``pi``) by an odd Taylor
 polynomial to ``r^13`` on ``|r| <= pi/2``: error under 1e-9 before rounding, FMA only, identical under
