@@ -233,7 +233,9 @@ async def test_no_memory_growth_over_1000_streams(codec: Codec) -> None:
             await wave(w)
         torch.cuda.synchronize()
         assert engine.tiers.graph_count == graphs
-        assert torch.cuda.memory_allocated() == allocated
+        # No growth: what the first wave left allocated is the ceiling (it may shrink as its last
+        # results are collected).
+        assert torch.cuda.memory_allocated() <= allocated
         assert torch.cuda.memory_reserved() <= reserved + (32 << 20)
         assert engine.stats.queued == 0 and engine._scheduler.pending == 0
         assert engine._scheduler._groups == {}
