@@ -133,6 +133,10 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _snr(error: dict[str, Any]) -> str:
+    return "exact" if error.get("bit_exact") else f"{_fmt(error.get('snr_db'))} dB"
+
+
 def summary_table(result: dict[str, Any]) -> str:
     """A short plain-text digest of a result (the full figures are in the JSON)."""
     lines = [f"codec {result['meta']['codec']['name']} on {result['meta']['device_name']}"]
@@ -157,7 +161,7 @@ def summary_table(result: dict[str, Any]) -> str:
                 e = row["error"]
                 lines.append(
                     f"{key:<9} chunk {row['chunk_frames']:>4}: {_fmt(row['decode_ms']['p50'])} ms, "
-                    f"SNR {_fmt(e['snr_db'])} dB, click {_fmt(e['click_energy_db'])} dB"
+                    f"SNR {_snr(e)}, click {_fmt(e['click_energy_db'])} dB"
                 )
     conc = result.get("concurrency") or {}
     for name in ("decoder", "websocket"):

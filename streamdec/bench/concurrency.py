@@ -282,8 +282,7 @@ async def sweep(
     budget: Budget,
     progress: Progress,
 ) -> dict[str, Any]:
-    """Both paths over ``s.streams``; each path stops once a point fails badly (p99 > 10x limit or
-    underruns in more than half the streams)."""
+    """Both paths over ``s.streams``; each path stops once a point is far past the limits (``_hopeless``)."""
     left, right = codec.context_frames()
     frame_s = codec.hop_size / codec.sample_rate
     frames = round(s.seconds / frame_s)
@@ -362,9 +361,15 @@ def _largest_prefix(points: list[dict[str, Any]]) -> int:
 
 
 def _hopeless(point: dict[str, Any], s: ConcurrencySettings) -> bool:
+    """Far past the limits: more streams can only be worse, so the sweep stops (from N = 4 on, so that
+    one unlucky stall at small N does not end it)."""
     p99 = point["ttfa_ms"]["p99"]
+    if point["broken_streams"] == point["streams"] or (p99 is not None and p99 > 20 * s.ttfa_limit_ms):
+        return True
     return bool(
-        point["broken_streams"] == point["streams"]
-        or (p99 is not None and p99 > 10 * s.ttfa_limit_ms)
-        or point["streams_with_underruns"] * 2 > point["streams"]
+        point["streams"] >= 4
+        and (
+            (p99 is not None and p99 > 10 * s.ttfa_limit_ms)
+            or point["streams_with_underruns"] * 2 > point["streams"]
+        )
     )

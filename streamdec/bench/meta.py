@@ -82,7 +82,17 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "load_average_start": _load_average(),
         "platform": platform.platform(),
+        # Switches that change what is measured (fused kernels, graph/compile escape hatches, TF32).
+        "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
     }
+    try:
+        from streamdec.kernels import alias_free
+
+        env["fused_alias_free"] = {"disabled": alias_free.ENV_DISABLED, "variant": alias_free.VARIANT}
+    except ImportError:  # kernels not present in this checkout
+        pass
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)

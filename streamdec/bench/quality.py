@@ -63,23 +63,31 @@ def crossfade_chunks(
                                                  ramp 1 -> 0 / 0 -> 1
     """
     frames = int(latents.shape[0])
-    starts = list(range(0, frames, chunk))
-    channels = None
-    out: torch.Tensor | None = None
-    for k, start in enumerate(starts):
-        end = min(start + chunk + overlap, frames)
-        audio = _cpu(decode(latents[None, start:end]))[0]  # [C, (end - start) * hop]
-        if out is None:
-            channels = audio.shape[0]
-            out = torch.zeros(channels, frames * hop)
+    spans = [(start, min(start + chunk + overlap, frames)) for start in range(0, frames, chunk)]
+    decoded = _decode_spans(latents, spans, decode)
+    out = torch.zeros(decoded[0].shape[0], frames * hop)
+    for k, ((start, end), audio) in enumerate(zip(spans, decoded, strict=True)):
         lo = start * hop
         head = min(overlap, end - start) * hop if k else 0
         if head:
             ramp = torch.linspace(0.0, 1.0, head + 2)[1:-1]  # excludes the exact 0 and 1 ends
             out[:, lo : lo + head] = out[:, lo : lo + head] * (1 - ramp) + audio[:, :head] * ramp
         out[:, lo + head : end * hop] = audio[:, head:]
-    assert out is not None, "empty clip"
     return out
+
+
+def _decode_spans(latents: torch.Tensor, spans: list[tuple[int, int]], decode: Decode) -> list[torch.Tensor]:
+    """Audio ``[C, (end - start) * hop]`` of each independent span; spans of one length share a batched call."""
+    by_length: dict[int, list[int]] = {}
+    for i, (start, end) in enumerate(spans):
+        by_length.setdefault(end - start, []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(spans)
+    for length, rows in by_length.items():
+        batch = torch.stack([latents[spans[i][0] : spans[i][0] + length] for i in rows])
+        audio = _cpu(decode(batch))
+        for row, i in enumerate(rows):
+            out[i] = audio[row]
+    return [a for a in out if a is not None]
 
 
 def seed_tiles(
