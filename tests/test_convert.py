@@ -17,7 +17,7 @@ from torch import Tensor
 from streamdec.cli import main
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.layers import AliasFreeActivation, kaiser_sinc_filter
-from streamdec.errors import CheckpointError, CodecError
+from streamdec.errors import CheckpointError, CodecError, DTypeError, ShapeError
 
 torch.set_num_threads(2)
 
@@ -220,3 +220,37 @@ def test_convert_refuses_to_overwrite_and_wrong_suffix(
         from streamdec.codecs.convert import convert
 
         convert(src, tmp_path / "out.pt")
+
+
+def test_dac_codebooks_reject_bad_codes(tmp_path: Path) -> None:
+    """Float codes, too many codebooks and out-of-range codes are refused with the fix."""
+    from streamdec.codecs.formats import read_dac_codebooks
+
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for i in range(2):
+        state[f"quantizer.quantizers.{i}.codebook.weight"] = torch.randn(16, 4, generator=gen)
+        state[f"quantizer.quantizers.{i}.out_proj.weight_v"] = torch.randn(6, 4, 1, generator=gen)
+        state[f"quantizer.quantizers.{i}.out_proj.weight_g"] = torch.rand(6, 1, 1, generator=gen) + 0.5
+        state[f"quantizer.quantizers.{i}.out_proj.bias"] = torch.randn(6, generator=gen)
+    torch.save({"state_dict": state, "metadata": {"kwargs": {}}}, tmp_path / "w.pth")
+    books = read_dac_codebooks(tmp_path / "w.pth")
+    assert (books.n_codebooks, books.codebook_size) == (2, 16)
+    codes = torch.tensor([[3, 5], [0, 15]])
+    w = torch._weight_norm(
+        state["quantizer.quantizers.1.out_proj.weight_v"],
+        state["quantizer.quantizers.1.out_proj.weight_g"],
+        0,
+    )
+    one = (
+        state["quantizer.quantizers.1.codebook.weight"][codes[:, 1]] @ w[..., 0].T
+        + state["quantizer.quantizers.1.out_proj.bias"]
+    )
+    both = books.latents(codes)
+    torch.testing.assert_close(both - books.latents(codes[:, :1]), one, atol=1e-5, rtol=0)
+    with pytest.raises(DTypeError, match="integer codes"):
+        books.latents(codes.float())
+    with pytest.raises(ShapeError, match=r"1 <= n <= 2"):
+        books.latents(torch.zeros(4, 3, dtype=torch.long))
+    with pytest.raises(ShapeError, match=r"\[0, 16\)"):
+        books.latents(torch.full((4, 2), 16))

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from streamdec.codecs import Codec, load_codec
+from streamdec.codecs.formats import read_dac_codebooks
 from streamdec.codecs.oobleck import OobleckDecoder
 
 pytestmark = pytest.mark.ref
@@ -126,6 +127,25 @@ def test_dac_decoder_matches_reference(refs: tuple[Any, Any], tmp_path: Path, ca
     assert (got[..., :length] - expected).abs().max().item() <= TOL
     # odd strides: DAC returns T*hop - 8 samples; the rest is zero padding
     assert torch.all(got[..., length:] == 0)
+
+
+@pytest.mark.parametrize("n", [1, 2], ids=["first-codebook", "all-codebooks"])
+def test_dac_codes_to_latents_match_reference(refs: tuple[Any, Any], tmp_path: Path, n: int) -> None:
+    """read_dac_codebooks(path).latents(codes) equals DAC's quantizer.from_codes (1e-5)."""
+    dac_module, _ = refs
+    ctx = _quiet()
+    try:
+        model = dac_module.DAC(**DAC_CASES["44k-rates"])
+    finally:
+        ctx.__exit__(None, None, None)
+    _randomize(model, seed=9, positive_alpha=True)
+    model.save(str(tmp_path / "weights.pth"), package=False)
+    codes = torch.randint(0, 16, (2, n, 7), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        expected = model.quantizer.from_codes(codes)[0]  # [B, latent_dim, T]
+    got = read_dac_codebooks(tmp_path / "weights.pth").latents(codes.transpose(1, 2))
+    assert got.shape == (2, 7, 24)
+    assert (got.transpose(1, 2) - expected).abs().max().item() <= TOL * max(1.0, expected.abs().max().item())
 
 
 # -- BigVGAN ------------------------------------------------------------------------------------------------

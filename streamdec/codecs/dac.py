@@ -38,9 +38,9 @@ from streamdec.codecs.base import Codec
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, Snake
 from streamdec.codecs.layers import refresh_caches as _refresh
-from streamdec.errors import CodecError
+from streamdec.errors import CodecError, DTypeError, ShapeError
 
-__all__ = ["DAC_16K", "DAC_24K", "DAC_44K", "DAC_TINY", "DACConfig", "DACDecoder"]
+__all__ = ["DAC_16K", "DAC_24K", "DAC_44K", "DAC_TINY", "DACCodebooks", "DACConfig", "DACDecoder"]
 
 _DILATIONS = (1, 3, 9)
 
@@ -196,3 +196,48 @@ class DACDecoder(Codec):
         self.global_mean.zero_()
         self.global_log_std.fill_(1.0)
         self.refresh_cache()
+
+
+class DACCodebooks(nn.Module):
+    """DAC's residual codebooks: discrete codes to the continuous latent the decoder takes.
+
+    ``latents(codes)`` equals ``DAC.quantizer.from_codes(codes)[0]`` (transposed): the sum over codebooks
+    ``i < n`` of ``out_proj_i(codebook_i[codes[..., i]])``. Each frame maps on its own, so a token model's
+    codes can be turned into latents chunk by chunk before streaming them. ``tables`` holds, per codebook,
+    every entry already projected (``[n_codebooks, codebook_size, latent_dim]``). Build with
+    :func:`streamdec.codecs.formats.read_dac_codebooks`.
+    """
+
+    tables: Tensor
+
+    def __init__(self, tables: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("tables", tables)
+
+    @property
+    def n_codebooks(self) -> int:
+        return int(self.tables.shape[0])
+
+    @property
+    def codebook_size(self) -> int:
+        return int(self.tables.shape[1])
+
+    def latents(self, codes: Tensor) -> Tensor:  # [..., T, n] integer -> [..., T, latent_dim]
+        """Codes of the first ``n <= n_codebooks`` codebooks (last axis) to latents ``[..., T, latent_dim]``."""
+        if codes.is_floating_point() or codes.is_complex():
+            raise DTypeError(f"codes have dtype {codes.dtype}; pass integer codes (e.g. codes.long())")
+        n = codes.shape[-1]
+        if not 1 <= n <= self.n_codebooks:
+            raise ShapeError(
+                f"codes have {n} codebooks on their last axis (shape {tuple(codes.shape)}); this model has "
+                f"{self.n_codebooks}: pass [..., frames, n] with 1 <= n <= {self.n_codebooks}"
+            )
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ShapeError(
+                f"codes must lie in [0, {self.codebook_size}); got {int(codes.min())}..{int(codes.max())}"
+            )
+        codes = codes.to(self.tables.device).long()
+        out = self.tables[0][codes[..., 0]]
+        for i in range(1, n):
+            out = out + self.tables[i][codes[..., i]]
+        return out

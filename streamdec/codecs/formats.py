@@ -36,12 +36,20 @@ from torch import Tensor
 from streamdec.codecs.base import Codec
 from streamdec.codecs.bigvgan import BigVGANConfig
 from streamdec.codecs.checkpoint import fold_weight_norm
-from streamdec.codecs.dac import DACConfig
+from streamdec.codecs.dac import DACCodebooks, DACConfig
 from streamdec.codecs.layers import FILTER_TAPS, kaiser_sinc_filter
 from streamdec.codecs.registry import build_codec
 from streamdec.errors import CheckpointError, CodecError
 
-__all__ = ["is_foreign", "load_into", "read_bigvgan", "read_dac", "read_foreign", "read_stable_audio"]
+__all__ = [
+    "is_foreign",
+    "load_into",
+    "read_bigvgan",
+    "read_dac",
+    "read_dac_codebooks",
+    "read_foreign",
+    "read_stable_audio",
+]
 
 SAO_PREFIXES = ("pretransform.model.decoder.", "decoder.")
 _MAX_LISTED = 12
@@ -147,6 +155,32 @@ def _dac_from_data(path: str, data: Any, *, name: str | None = None, sample_rate
     _check_declared(path, kwargs, {"decoder_dim": config.decoder_dim, "decoder_rates": list(rates)})
     codec = _build("dac", name or Path(path).stem, config.to_dict(), path)
     return load_into(codec, state, path, "DAC decoder")
+
+
+def read_dac_codebooks(path: str | os.PathLike[str]) -> DACCodebooks:
+    """The residual codebooks of a DAC ``.pth`` (``quantizer.quantizers.N.codebook`` and ``out_proj``)."""
+    path = os.fspath(path)
+    data = _torch_load(path)
+    state = data.get("state_dict") if isinstance(data, dict) else None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is not a DAC checkpoint: expected a dict with 'state_dict'")
+    prefix = "quantizer.quantizers."
+    q = fold_weight_norm({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    indices = _blocks(q, r"(\d+)\.codebook\.weight")
+    if not indices or indices != list(range(len(indices))):
+        raise CheckpointError(f"{path} holds no contiguous quantizer.quantizers.N.codebook.weight tensors")
+    tables = []
+    with torch.no_grad():
+        for i in indices:
+            book = q[f"{i}.codebook.weight"].double()  # [size, dim]
+            weight = _weight(q, f"{i}.out_proj.weight", path).double()  # [latent, dim, 1]
+            bias = _weight(q, f"{i}.out_proj.bias", path).double()
+            tables.append((book @ weight[..., 0].T + bias).float())
+    if len({t.shape for t in tables}) != 1:
+        raise CheckpointError(
+            f"{path}: codebooks differ in shape ({sorted({tuple(t.shape) for t in tables})})"
+        )
+    return DACCodebooks(torch.stack(tables))
 
 
 def _check_declared(path: str, declared: Mapping[str, Any], found: Mapping[str, Any]) -> None:
