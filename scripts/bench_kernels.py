@@ -320,7 +320,7 @@ def main() -> None:
     parser.add_argument("--target-ms", type=float, default=1000.0)
     parser.add_argument("--budget-s", type=float, default=330.0, help="start no decode tier after this")
     parser.add_argument("--key-budget-s", type=float, default=400.0, help="start no bucket after this")
-    parser.add_argument("--variants", nargs="+", default=["blocked", "staged", "direct"], help="best first")
+    parser.add_argument("--variants", nargs="+", default=["blocked", "staged"], help="best first")
     parser.add_argument("--skip", nargs="*", default=[], choices=["layers", "plain", "compiled", "reference"])
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", default="bench/results/kernels.json")

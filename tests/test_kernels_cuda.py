@@ -20,7 +20,7 @@ from streamdec.kernels import set_fused
 
 pytestmark = pytest.mark.cuda
 
-VARIANTS = ["blocked", "direct", "staged"]
+VARIANTS = ["blocked", "staged"]
 
 
 def _activation(channels: int, seed: int) -> AliasFreeActivation:

@@ -9,10 +9,9 @@ Math (one row ``x[0..T)`` of ``[B*C, T]``, taps ``f[0..12)``, clamp ``c(i) = min
 * ``S(i) = snake(up[max(i, 0)])`` (the causal replicate pad 11 of the down filter);
 * ``out[t] = sum_j f[11-2j] * S(2(t-j)) + sum_r f[2r] * S(2(t-6+r)+1)``, ``j, r = 0..5``.
 
-Three kernels compute exactly this (timings and history in ``docs/kernels.md``):
+Two kernels compute exactly this (a first ``direct`` version, v1, was dropped: it missed the 1e-5
+bound on one H200 draw, 1.14e-5, and was no faster) (timings and history in ``docs/kernels.md``):
 
-* ``direct`` (v1): one program per (row, block of outputs); every output evaluates its 12 samples of ``S``
-  from 11 shifted loads of ``x`` (6x recompute of SnakeBeta, nothing shared between lanes).
 * ``staged`` (v2, the default): a persistent grid; each program computes ``S`` once for a tile (two
   phases), parks it in a private scratch slot in global memory, and after a barrier reads it back at the
   12 shifted offsets. Measured no faster than v1 on an H200.
@@ -79,77 +78,8 @@ def _load_at(base, i, last):
     return tl.load(base + tl.minimum(tl.maximum(i, 0), last))
 
 
-# Direct: only T is specialised (16-aligned rows allow vector stores); staged tiles start unaligned, so
-# nothing is. Further specialisations would multiply compiles for nothing.
-@triton.jit(do_not_specialize=["C"])
-def _af_direct_kernel(x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, T, C, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    c = row % C
-    a = tl.load(a_ptr + c)
-    b = tl.load(b_ptr + c)
-    f0 = tl.load(f_ptr + 0)
-    f1 = tl.load(f_ptr + 1)
-    f2 = tl.load(f_ptr + 2)
-    f3 = tl.load(f_ptr + 3)
-    f4 = tl.load(f_ptr + 4)
-    f5 = tl.load(f_ptr + 5)
-    f6 = tl.load(f_ptr + 6)
-    f7 = tl.load(f_ptr + 7)
-    f8 = tl.load(f_ptr + 8)
-    f9 = tl.load(f_ptr + 9)
-    f10 = tl.load(f_ptr + 10)
-    f11 = tl.load(f_ptr + 11)
-    row_off = row.to(tl.int64) * T
-    base = x_ptr + row_off
-    last = T - 1
-    # x[c(t+d)] for d = -8..2 (m8 = d=-8, p2 = d=+2).
-    m8 = _load_at(base, t - 8, last)
-    m7 = _load_at(base, t - 7, last)
-    m6 = _load_at(base, t - 6, last)
-    m5 = _load_at(base, t - 5, last)
-    m4 = _load_at(base, t - 4, last)
-    m3 = _load_at(base, t - 3, last)
-    m2 = _load_at(base, t - 2, last)
-    m1 = _load_at(base, t - 1, last)
-    z0 = _load_at(base, t, last)
-    p1 = _load_at(base, t + 1, last)
-    p2 = _load_at(base, t + 2, last)
-    # S at negative indices is S(0) = snake(up_e(0)); the same sum as the vector path at m = 0.
-    xa = tl.load(base + tl.minimum(2, last))
-    xb = tl.load(base + tl.minimum(1, last))
-    xc = tl.load(base)
-    s0 = _snake(_up6(f1, f3, f5, f7, f9, f11, xa, xb, xc, xc, xc, xc), a, b)
-    # Even phase at m = t - j: taps f1..f11 over x[t-j+2 .. t-j-3].
-    e0 = _snake(_up6(f1, f3, f5, f7, f9, f11, p2, p1, z0, m1, m2, m3), a, b)
-    e1 = _snake(_up6(f1, f3, f5, f7, f9, f11, p1, z0, m1, m2, m3, m4), a, b)
-    e2 = _snake(_up6(f1, f3, f5, f7, f9, f11, z0, m1, m2, m3, m4, m5), a, b)
-    e3 = _snake(_up6(f1, f3, f5, f7, f9, f11, m1, m2, m3, m4, m5, m6), a, b)
-    e4 = _snake(_up6(f1, f3, f5, f7, f9, f11, m2, m3, m4, m5, m6, m7), a, b)
-    e5 = _snake(_up6(f1, f3, f5, f7, f9, f11, m3, m4, m5, m6, m7, m8), a, b)
-    # Odd phase at m = t - 6 + r: taps f0..f10 over x[t+r-3 .. t+r-8].
-    o0 = _snake(_up6(f0, f2, f4, f6, f8, f10, m3, m4, m5, m6, m7, m8), a, b)
-    o1 = _snake(_up6(f0, f2, f4, f6, f8, f10, m2, m3, m4, m5, m6, m7), a, b)
-    o2 = _snake(_up6(f0, f2, f4, f6, f8, f10, m1, m2, m3, m4, m5, m6), a, b)
-    o3 = _snake(_up6(f0, f2, f4, f6, f8, f10, z0, m1, m2, m3, m4, m5), a, b)
-    o4 = _snake(_up6(f0, f2, f4, f6, f8, f10, p1, z0, m1, m2, m3, m4), a, b)
-    o5 = _snake(_up6(f0, f2, f4, f6, f8, f10, p2, p1, z0, m1, m2, m3), a, b)
-    # Even sample 2(t-j) < 0 iff t < j; odd sample 2(t-6+r)+1 < 0 iff t < 6 - r.
-    acc = f11 * tl.where(t < 0, s0, e0)
-    acc += f9 * tl.where(t < 1, s0, e1)
-    acc += f7 * tl.where(t < 2, s0, e2)
-    acc += f5 * tl.where(t < 3, s0, e3)
-    acc += f3 * tl.where(t < 4, s0, e4)
-    acc += f1 * tl.where(t < 5, s0, e5)
-    acc += f0 * tl.where(t < 6, s0, o0)
-    acc += f2 * tl.where(t < 5, s0, o1)
-    acc += f4 * tl.where(t < 4, s0, o2)
-    acc += f6 * tl.where(t < 3, s0, o3)
-    acc += f8 * tl.where(t < 2, s0, o4)
-    acc += f10 * tl.where(t < 1, s0, o5)
-    tl.store(out_ptr + row_off + t, acc, mask=t < T)
-
-
+# Only T is specialised where it pays; staged tiles start unaligned, so nothing is there. Further
+# specialisations would multiply compiles for nothing.
 @triton.jit(do_not_specialize=["T", "C", "tiles_per_row", "n_tiles", "nprog"])
 def _af_staged_kernel(
     x_ptr, out_ptr, scratch_ptr, f_ptr, a_ptr, b_ptr, T, C, tiles_per_row, n_tiles, nprog, SB: tl.constexpr
@@ -228,7 +158,7 @@ def _af_staged_kernel(
 
 
 # v3 "blocked": every lane owns K = 8 consecutive outputs and computes the K + 5 even and K + 5 odd samples of
-# S they need once (2 + 10/K SnakeBetas per output instead of direct's 12); outputs leave through a join as
+# S they need once (2 + 10/K SnakeBetas per output instead of 12 when each output computes its own); outputs leave through a join as
 # one contiguous [BLOCK, 8] tile. Generated text (one line per value): shifts between named registers are
 # free, where a vector shift is not.
 @triton.jit(do_not_specialize=["C"])
@@ -349,24 +279,12 @@ def _pow2_block(length: int, lo: int, hi: int) -> int:
 
 
 # Registers per thread (ptxas for sm_90a, Triton 3.6) stay at 64 or below with 4 elements per thread and no
-# spills; 1024 elements on 4 warps took 96 (staged) and 141 (direct). Recorded by the last launch of each.
+# spills; 1024 elements on 4 warps took 96 (staged). Recorded by the last launch of each.
 LAST_KERNEL: dict[str, object] = {}
 
 
 def _warps(block: int) -> int:
     return max(4, min(8, block // 128))
-
-
-def launch_direct(
-    x: torch.Tensor, filt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
-) -> None:
-    """``x``, ``out``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``."""
-    rows, length = x.shape
-    block = _pow2_block(length, 128, 1024)
-    grid = (rows, triton.cdiv(length, block))
-    LAST_KERNEL["direct"] = _af_direct_kernel[grid](
-        x, out, filt, a, b, length, a.shape[0], BLOCK=block, num_warps=_warps(block)
-    )
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -382,7 +300,9 @@ def _sm_count(device: torch.device) -> int:
 def launch_staged(
     x: torch.Tensor, filt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 ) -> None:
-    """Same contract as :func:`launch_direct`; allocates its scratch (about 4 MB at most) per call."""
+    """``x``, ``out``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``.
+
+    Allocates its scratch (about 4 MB at most) per call."""
     rows, length = x.shape
     sb = _pow2_block(length + HALO, 128, 1024)
     warps = _warps(sb)
@@ -417,7 +337,7 @@ BLOCKED_K = 8
 def launch_blocked(
     x: torch.Tensor, filt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
 ) -> None:
-    """Same contract as :func:`launch_direct`; one lane per 8 outputs, one warp per 32 lanes."""
+    """Same contract as :func:`launch_staged`; one lane per 8 outputs, one warp per 32 lanes."""
     rows, length = x.shape
     lanes = _pow2_block(triton.cdiv(length, BLOCKED_K), 32, 128)
     grid = (rows, triton.cdiv(length, lanes * BLOCKED_K))
@@ -426,4 +346,4 @@ def launch_blocked(
     )
 
 
-LAUNCHERS = {"direct": launch_direct, "staged": launch_staged, "blocked": launch_blocked}
+LAUNCHERS = {"staged": launch_staged, "blocked": launch_blocked}
