@@ -254,3 +254,33 @@ def test_dac_codebooks_reject_bad_codes(tmp_path: Path) -> None:
         books.latents(torch.zeros(4, 3, dtype=torch.long))
     with pytest.raises(ShapeError, match=r"\[0, 16\)"):
         books.latents(torch.full((4, 2), 16))
+
+
+def _autoencoder_folder(oobleck: Codec, folder: Path, decoder_config: dict[str, object]) -> Path:
+    """A stable-audio-tools autoencoder: keys under ``decoder.``, model_config.json of model_type autoencoder."""
+    folder.mkdir(exist_ok=True)
+    state = {f"decoder.{k}": v for k, v in _weight_norm(_ours(oobleck)).items()}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    config = {"model_type": "autoencoder", "sample_rate": 44100,
+              "model": {"encoder": {"type": "oobleck", "config": {}}, "decoder": {"type": "oobleck", "config": decoder_config}}}  # fmt: skip
+    (folder / "model_config.json").write_text(json.dumps(config))
+    return folder / "model.safetensors"
+
+
+def test_autoencoder_config_defaults_follow_the_reference(oobleck: Codec, tmp_path: Path) -> None:
+    """An autoencoder model_config.json without final_tanh means OobleckDecoder's default, tanh on."""
+    cfg = oobleck.config_dict()
+    decoder = {k: cfg[k] for k in ("latent_dim", "channels", "c_mults", "strides", "out_channels")} | {
+        "use_snake": True
+    }
+    codec = load_codec(_autoencoder_folder(oobleck, tmp_path / "ae", decoder))
+    assert codec.config_dict()["final_tanh"] is True
+    z = torch.randn(1, 3, oobleck.latent_dim, generator=torch.Generator().manual_seed(4)).transpose(1, 2)
+    with torch.inference_mode():
+        torch.testing.assert_close(codec.synthesize(z), torch.tanh(oobleck.synthesize(z)), atol=1e-5, rtol=0)
+
+
+def test_oobleck_without_snake_is_refused_by_name(oobleck: Codec, tmp_path: Path) -> None:
+    """An ELU Oobleck (use_snake false) is not silently decoded with Snakes."""
+    with pytest.raises(CheckpointError, match=r"use_snake=False"):
+        load_codec(_autoencoder_folder(oobleck, tmp_path / "ae", {"latent_dim": 8}))

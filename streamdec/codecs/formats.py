@@ -220,24 +220,27 @@ def _sao_json(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+# OobleckDecoder's own defaults: a config that leaves a key out means these, not Stable Audio Open's values.
+_OOBLECK_DEFAULTS: dict[str, Any] = {"out_channels": 2, "channels": 128, "latent_dim": 32, "c_mults": [1, 2, 4, 8],
+                                     "strides": [2, 4, 8, 8], "use_snake": False, "final_tanh": True}  # fmt: skip
+
+
 def _oobleck_from_json(source: str, model_config: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
-    pre = model_config.get("model", {}).get("pretransform", model_config.get("pretransform", {}))
-    ae = pre.get("config", pre)
+    """Decoder config and pretransform scale from a diffusion model's or an autoencoder's model_config.json."""
+    model = model_config.get("model", {})
+    pre = model.get("pretransform") or {}
+    ae = pre.get("config", {}) if pre else model  # an autoencoder config holds encoder/decoder directly
     decoder = ae.get("decoder", {})
     if decoder.get("type", "oobleck") != "oobleck":
         raise CheckpointError(f"{source}: decoder type {decoder.get('type')!r} is not 'oobleck'")
-    cfg = dict(decoder.get("config", {}))
+    cfg = {**_OOBLECK_DEFAULTS, **decoder.get("config", {})}
     unsupported = {k: cfg[k] for k in ("antialias_activation", "use_nearest_upsample") if cfg.get(k)}
-    if not cfg.get("use_snake", False) or unsupported:
+    if not cfg["use_snake"] or unsupported:
         raise CheckpointError(
             f"{source}: streamdec implements the Oobleck decoder with use_snake=true and transposed-conv "
-            f"upsampling only; this one has use_snake={cfg.get('use_snake', False)} {unsupported}"
+            f"upsampling only; this one has use_snake={cfg['use_snake']} {unsupported}"
         )
-    out = {
-        k: cfg[k]
-        for k in ("latent_dim", "channels", "c_mults", "strides", "out_channels", "final_tanh")
-        if k in cfg
-    }
+    out = {k: cfg[k] for k in ("latent_dim", "channels", "c_mults", "strides", "out_channels", "final_tanh")}
     out["sample_rate"] = int(model_config.get("sample_rate", 44100))
     return out, float(pre.get("scale", 1.0))
 
