@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -144,8 +145,14 @@ class _Connection:
                 # Started in this order, each writes its frame before its first wait, so error precedes close.
                 tg.start_soon(self._send_quietly, error_message(code, message))
                 tg.start_soon(self.ws.close, CLOSE_CODES[code], message[:120])
+                tg.start_soon(self._discard_incoming)  # the peer's close reply must not wait behind latents
         if self.ws.state is not State.CLOSED:
             self.ws.transport.abort()
+
+    async def _discard_incoming(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for _ in self.ws:
+                pass
 
     async def _send_quietly(self, message: str) -> None:
         with contextlib.suppress(ConnectionClosed):
@@ -154,7 +161,7 @@ class _Connection:
     async def close_going_away(self) -> None:
         """Shutdown: take no new streams, let open ones finish, flush what they sent, then close 1001."""
         self.state.accepting_streams = False
-        while self.state.open_streams:
+        while self.streams:
             await anyio.sleep(0.01)  # shutdown only; polling keeps the stream bookkeeping free of events
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):  # already ending
             await self._outbox_in.send(_CLOSE_GOING_AWAY)
@@ -235,6 +242,20 @@ class _Connection:
 
     # -- one stream --------------------------------------------------------------------------------
     async def _run_stream(self, stream: _Stream) -> None:
+        try:
+            status, failure = await self._decode(stream)
+            if failure is not None:
+                if error_code_for(failure) is ErrorCode.INTERNAL:
+                    log.error("stream %d failed", stream.id, exc_info=failure)
+                await self._error(failure, stream.id)
+            self.server.metrics.streams[status] += 1
+            await self._send(self.state.done(stream.id, status))
+        finally:  # also when the connection is torn down around it; the id may already be reused
+            if self.streams.get(stream.id) is stream:
+                del self.streams[stream.id]
+
+    async def _decode(self, stream: _Stream) -> tuple[Status, BaseException | None]:
+        """Decode one stream into the outbox; returns its done status and the error that ended it."""
         failure: BaseException | None = None
         with stream.chunks_in, stream.chunks_out, stream.scope:  # the queue closes with the stream, always
             try:
@@ -247,14 +268,7 @@ class _Connection:
                 failure = exc
                 self.state.close_input(stream.id)
         status: Status = stream.stop_status or ("error" if failure else "completed")
-        failure = stream.failure or failure
-        if failure is not None:
-            if error_code_for(failure) is ErrorCode.INTERNAL:
-                log.error("stream %d failed", stream.id, exc_info=failure)
-            await self._error(failure, stream.id)
-        del self.streams[stream.id]
-        self.server.metrics.streams[status] += 1
-        await self._send(self.state.done(stream.id, status))
+        return status, stream.failure or failure
 
     async def _send_audio(self, stream: _Stream, samples: torch.Tensor) -> None:
         if not stream.audio_sent and stream.first_latent_at is not None:
@@ -342,8 +356,8 @@ class StreamServer:
 
     @property
     def open_streams(self) -> int:
-        """Wire streams open on all connections."""
-        return sum(conn.state.open_streams for conn in self._connections)
+        """Wire streams whose task is still running, on all connections."""
+        return sum(len(conn.streams) for conn in self._connections)
 
     # -- websocket ---------------------------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
@@ -357,6 +371,10 @@ class StreamServer:
             )
             await ws.close(CLOSE_CODES[ErrorCode.OVERLOADED], "too many connections")
             return
+        if self.config.send_buffer is not None:
+            # Bounds what the kernel holds for a listener that stops reading, so a stall is seen sooner.
+            sock = ws.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.send_buffer)
         conn = _Connection(self, ws)
         self._connections.add(conn)
         self.metrics.connections += 1

@@ -31,7 +31,8 @@ class ServerConfig:
     ping_interval: float | None = 20.0
     ping_timeout: float | None = 20.0
     close_timeout: float = 5.0
-    write_limit: int = 256 * 1024  # bytes buffered in the kernel-side writer before send() waits
+    write_limit: int = 256 * 1024  # bytes buffered in user space per connection before send() waits
+    send_buffer: int | None = None  # SO_SNDBUF of each accepted socket (None: the OS autotunes, up to MBs)
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "stream_queue", "outbox", "write_limit"):
@@ -40,5 +41,7 @@ class ServerConfig:
         for name in ("send_timeout", "grace", "close_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0 seconds")
+        if self.send_buffer is not None and self.send_buffer < 1:
+            raise ConfigError(f"send_buffer={self.send_buffer} must be >= 1 byte, or None for the OS default")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port={self.port} is not in [0, 65535]; 0 picks a free port")

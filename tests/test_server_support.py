@@ -53,12 +53,18 @@ class FailingEngine(Engine):
 
 @contextlib.asynccontextmanager
 async def running_server(
-    codec: Any, *, failing: bool = False, warm: bool = True, **config: Any
+    codec: Any,
+    *,
+    failing: bool = False,
+    warm: bool = True,
+    decoder: dict[str, Any] | None = None,
+    **config: Any,
 ) -> AsyncIterator[StreamServer]:
     """A StreamServer on 127.0.0.1, port 0, over a fresh StreamDecoder (closed on exit)."""
     engine = FailingEngine(create_engine(codec)) if failing else None
-    async with streamdec.StreamDecoder(codec, engine=engine) as decoder:
-        server = StreamServer(decoder, ServerConfig(host="127.0.0.1", port=0, **config))
+    async with streamdec.StreamDecoder(codec, engine=engine, **(decoder or {})) as dec:
+        config.setdefault("grace", 5.0)
+        server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, **config))
         async with server:
             if warm:
                 await server.warmup()
