@@ -17,13 +17,14 @@ __all__ = ["configure_serve", "run_serve"]
 
 def configure_serve(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamdec serve`` arguments to ``parser``."""
+    from streamdec.cli import add_codec_arguments
+
     defaults = ServerConfig()
-    parser.add_argument("--codec", default="tiny", help="preset name or checkpoint path (default: tiny)")
+    add_codec_arguments(parser)  # --codec, --device, --dtype: as every codec-loading command
     parser.add_argument("--host", default=defaults.host, help=f"interface to listen on ({defaults.host})")
     parser.add_argument(
         "--port", type=int, default=defaults.port, help=f"port, 0 for a free one ({defaults.port})"
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     parser.add_argument("--token", default=os.environ.get("STREAMDEC_TOKEN"),
                         help="require this bearer token (default: $STREAMDEC_TOKEN; unset: no auth)")  # fmt: skip
     parser.add_argument("--max-streams", type=int, default=defaults.limits.max_streams,
@@ -54,10 +55,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     import streamdec
+    from streamdec.cli import load_codec_from_args
 
     from .app import StreamServer
 
-    codec = streamdec.load_codec(args.codec, device=args.device)
+    codec = load_codec_from_args(args)
     async with streamdec.StreamDecoder(codec, min_emit=args.min_emit, max_emit=args.max_emit) as decoder:
         server = StreamServer(decoder, config)
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
