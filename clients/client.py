@@ -206,15 +206,17 @@ class Connection:
                 reply.close()
 
     async def _on_text(self, msg: dict[str, Any]) -> None:
-        stream = msg.get("stream")
-        if msg["type"] == "started" or (msg["type"] == "error" and stream in self._pending):
-            await self._pending[stream].send(msg)
-        elif msg["type"] == "error" and stream in self._streams:
-            self._streams[stream].errors.append(_server_error(msg))
-        elif msg["type"] == "error":
+        kind, stream = msg["type"], msg.get("stream")
+        handle = self._streams.get(stream) if isinstance(stream, int) else None
+        reply = self._pending.get(stream) if isinstance(stream, int) else None
+        if reply is not None and kind in ("started", "error"):
+            await reply.send(msg)
+        elif kind == "error" and handle is not None:
+            handle.errors.append(_server_error(msg))
+        elif kind == "error":
             self.errors.append(_server_error(msg))
-        elif msg["type"] == "done" and stream in self._streams:
-            handle = self._streams.pop(stream)
+        elif kind == "done" and handle is not None:
+            del self._streams[handle.id]
             await handle._in.send(msg)
             handle._in.close()
 
