@@ -12,26 +12,23 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
-import numpy as np
 import torch
 
 from streamdec.errors import ServerError
+from streamdec.io import load_latents
 from streamdec.protocol import LATENT_DTYPES, SAMPLE_FORMATS
 
 from .client import ClientStream, connect
 from .wav import write_wav
 
-__all__ = ["Playback", "StreamResult", "configure_stream", "load_latents", "run_stream", "stream_file"]
+__all__ = ["Playback", "StreamResult", "configure_stream", "run_stream", "stream_file"]
 
 
 def configure_stream(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamdec stream`` arguments to ``parser``."""
-    parser.add_argument(
-        "input", type=Path, help="latents: .npy, .pt or .safetensors holding [T, D] or [1, T, D]"
-    )
+    parser.add_argument("input", type=Path, help="latents: .npy or .safetensors holding [T, D] or [1, T, D]")
     parser.add_argument("output", type=Path, help="WAV file to write")
     parser.add_argument("--url", required=True, help="server stream URL, e.g. ws://127.0.0.1:8765/v1/stream")
     parser.add_argument("--token", default=os.environ.get("STREAMDEC_TOKEN"), help="bearer token "
@@ -74,26 +71,6 @@ async def _main(args: argparse.Namespace, latents: torch.Tensor) -> StreamResult
         f"wrote {args.output} ({result.audio_seconds:.2f} s, {result.channels} ch, {result.sample_rate} Hz)"
     )
     return result
-
-
-def load_latents(path: Path) -> torch.Tensor:
-    """Read ``[T, D]`` latents (a leading batch of 1 is dropped) from .npy, .pt/.pth or .safetensors."""
-    suffix = path.suffix.lower()
-    data: Any
-    if suffix == ".npy":
-        data = torch.from_numpy(np.load(path))
-    elif suffix in (".pt", ".pth"):
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    elif suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        data = load_file(path)
-    else:
-        raise SystemExit(f"{path}: unknown latent file type {suffix!r}; use .npy, .pt or .safetensors")
-    if isinstance(data, dict):
-        data = data["latents"] if "latents" in data else next(iter(data.values()))
-    tensor = torch.as_tensor(data)
-    return tensor[0] if tensor.dim() == 3 and tensor.shape[0] == 1 else tensor
 
 
 @dataclass

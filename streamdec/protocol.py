@@ -35,6 +35,7 @@ from streamdec.errors import (
     ShapeError,
     StreamEndedError,
 )
+from streamdec.io import pcm16
 
 __all__ = [
     "AUDIO_HEADER",
@@ -65,7 +66,6 @@ __all__ = [
     "error_message",
     "parse_audio",
     "parse_server_text",
-    "pcm_s16le",
 ]
 
 PROTOCOL_VERSION = 1
@@ -283,11 +283,6 @@ def _to_le_bytes(array: np.ndarray) -> bytes:
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def pcm_s16le(samples: torch.Tensor) -> torch.Tensor:
-    """The s16 conversion of float audio: ``round_half_even(clamp(x, -1, 1) * 32767)`` as int16."""
-    return torch.round(samples.clamp(-1.0, 1.0) * 32767.0).to(torch.int16)
-
-
 def encode_latents(
     stream: int, seq: int, latents: torch.Tensor | np.ndarray, dtype: str = DEFAULT_DTYPE
 ) -> bytes:
@@ -301,9 +296,11 @@ def encode_latents(
 
 def encode_audio(stream: int, seq: int, start_sample: int, samples: torch.Tensor, fmt: str) -> bytes:
     """An audio message: ``samples`` is float ``[channels, n]``; interleaved on the wire in ``fmt``."""
-    frames = samples.detach().to("cpu", torch.float32).t().contiguous()  # [n, channels], interleaved
-    pcm = pcm_s16le(frames).numpy() if fmt == "pcm_s16le" else frames.numpy()
-    return AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1]) + _to_le_bytes(pcm)
+    header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1])
+    floats = samples.detach().to("cpu", torch.float32)
+    if fmt == "pcm_s16le":  # round_half_even(clamp(x, -1, 1) * 32767), interleaved
+        return header + pcm16(floats)
+    return header + _to_le_bytes(floats.t().contiguous().numpy())
 
 
 # --------------------------------------------------------------------------------------------------

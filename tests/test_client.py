@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 import streamdec
 from streamdec.errors import ServerError
-from streamdec.protocol import pcm_s16le
+from streamdec.io import pcm16
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,7 +127,7 @@ async def test_stream_command_writes_the_wav(codec: Any, tmp_path: Path, fmt: st
         with wave.open(str(tmp_path / "out.wav")) as wav:
             assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, codec.sample_rate)
             pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
-        expected = pcm_s16le(torch.from_numpy(ref[0])).numpy()
+        expected = np.frombuffer(pcm16(torch.from_numpy(ref)), "<i2")
         assert pcm.shape == expected.shape and np.abs(pcm.astype(int) - expected).max() <= 4
     else:
         data = (tmp_path / "out.wav").read_bytes()

@@ -38,7 +38,6 @@ from streamdec.protocol import (
     error_message,
     parse_audio,
     parse_client_text,
-    pcm_s16le,
 )
 
 DIM = 4
@@ -95,8 +94,9 @@ def test_latents_round_trip_in_every_dtype(dtype: str) -> None:
 
 def test_s16_is_clipped_rounded_times_32767() -> None:
     """pcm_s16le = round_half_even(clamp(x, -1, 1) * 32767)."""
-    x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 3.0])  # x*32767 exact in float32
-    assert pcm_s16le(x).tolist() == [-32767, -32767, -16384, 0, 8192, 16384, 32767, 32767]
+    x = torch.tensor([[-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 3.0]])  # x*32767 exact in float32
+    msg = parse_audio(encode_audio(0, 0, 0, x, "pcm_s16le"))
+    assert np.frombuffer(msg.pcm, "<i2").tolist() == [-32767, -32767, -16384, 0, 8192, 16384, 32767, 32767]
 
 
 @pytest.mark.parametrize("fmt", ["pcm_f32le", "pcm_s16le"])
