@@ -268,3 +268,40 @@ def test_random_weights_never_reach_beyond_the_context(twin: str) -> None:
     moved = (a - b).abs().reshape(codec.channels, frames, codec.hop_size).amax(dim=(0, 2))
     assert torch.all(moved[: f - right] == 0) and torch.all(moved[f + left + 1 :] == 0)
     assert torch.all(moved[f - 1 : f + 2] > 1e-6)
+
+
+# -- the fused kernel for centred activations ----------------------------------------------------------
+@pytest.mark.parametrize("length", [16, 17, 40, 131])
+@pytest.mark.parametrize("snake", ["snakebeta", "snake"])
+def test_centred_activation_through_the_causal_op_equals_reference(length: int, snake: str) -> None:
+    """Shifted causal op + reference tail equals the centred reference path (op's CPU implementation)."""
+    pytest.importorskip("streamdec.kernels.alias_free")
+    act = AliasFreeActivation(3, causal=False, act=Snake(3) if snake == "snake" else None)
+    _random_(act)
+    act = act.float()
+    refresh_caches(act)
+    x = torch.randn(2, 3, length, generator=torch.Generator().manual_seed(length))
+    with torch.inference_mode():
+        got, want = act._centred_from_causal(x), act.reference(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+
+
+def test_centred_activation_dispatches_to_the_op_when_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel applies, a centred activation uses it (long inputs), else the reference path."""
+    import streamdec.codecs.layers as layers
+
+    pytest.importorskip("streamdec.kernels.alias_free")
+    calls: list[int] = []
+    act = AliasFreeActivation(2, causal=False)
+    _random_(act)
+    act = act.float()
+    refresh_caches(act)
+    monkeypatch.setattr(layers, "_fused_supported", lambda x: True)
+    monkeypatch.setattr(
+        AliasFreeActivation, "_fused", lambda self, x: calls.append(x.shape[-1]) or self.reference(x)
+    )
+    with torch.inference_mode():
+        act(torch.randn(1, 2, 15))
+        act(torch.randn(1, 2, 64))
+    assert calls == [64]  # 15 samples are too few for the shifted form: reference path

@@ -19,7 +19,7 @@ Alias-free activation (the exact choices a fused GPU kernel reproduces; change t
   groups=C)``: length ``2T -> T``. Output ``t`` reads input samples ``t-8 .. t+2`` of the activation's input.
 * Downsample x2, centred (``causal=False``, BigVGAN v2's ``LowPassFilter1d``): replicate-pad 5 left and 6
   right, same filter and stride. Output ``t`` reads input samples ``t-5 .. t+5``. The fused GPU kernel
-  implements the causal variant only, so centred activations always take the reference path.
+  implements the causal variant; centred activations use it shifted (see ``_centred_from_causal``).
 
 Derived, non-persistent buffers (the filter, ``exp(alpha)``, ``1/(exp(beta)+1e-9)``) are rebuilt by
 ``refresh_cache()``, which every loader calls after weights are in place and after any dtype change.
@@ -72,6 +72,8 @@ _UP_CROP = _UP_PAD * 2 + (FILTER_TAPS - 2) // 2  # 15: samples cropped from each
 _DOWN_PAD = FILTER_TAPS - 1  # 11: causal left padding of the x2 decimating filter
 _DOWN_PAD_CENTRED = (FILTER_TAPS // 2 - 1, FILTER_TAPS // 2)  # (5, 6): BigVGAN's LowPassFilter1d, even taps
 _SNAKE_EPS = 1e-9
+_CENTRED_SHIFT = (_DOWN_PAD - _DOWN_PAD_CENTRED[0]) // 2  # 3: centred output t is causal output t + 3
+_CENTRED_TAIL = 16  # inputs whose reference pass gives the last _CENTRED_SHIFT centred outputs exactly
 
 
 def kaiser_sinc_filter(
@@ -229,8 +231,9 @@ class AliasFreeActivation(nn.Module):
 
     ``use_fused`` (default on; ``streamdec.kernels.set_fused`` flips it per codec) lets a call whose input
     the kernel supports (CUDA float32, see ``streamdec.kernels.fused_supported``) run the fused op
-    ``torch.ops.streamdec.alias_free_activation`` instead of the reference path; everything else,
-    the CPU and every centred activation included, always takes the reference path.
+    ``torch.ops.streamdec.alias_free_activation`` instead of the reference path; everything else, the CPU
+    included, always takes the reference path. The op is causal; a centred activation uses it shifted by
+    three samples plus a short reference pass for its last three outputs (:meth:`_centred_from_causal`).
     """
 
     filter: Tensor
@@ -251,13 +254,39 @@ class AliasFreeActivation(nn.Module):
         self.act.refresh_cache()
 
     def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
+        if self.use_fused and _fused_supported is not None and _fused_supported(x):
+            if self.causal:
+                return self._fused(x)
+            if x.shape[-1] >= _CENTRED_TAIL:
+                return self._centred_from_causal(x)
+        return self.reference(x)
+
+    def _fused(self, x: Tensor) -> Tensor:
+        out: Tensor = torch.ops.streamdec.alias_free_activation(
+            x, self.filter, self.act.alpha_exp, self.act.beta_inv
+        )
+        return out
+
+    def _centred_from_causal(self, x: Tensor) -> Tensor:  # [B, C, T >= 16] -> [B, C, T]
+        """The centred activation through the causal fused op (same values up to float32 rounding).
+
+        Both down filters read the same SnakeBeta samples ``S`` (left edge replicated); the centred one
+        pads 5 on the left and the causal one 11, so centred output ``t`` is causal output ``t + 3``::
+
+            causal   out[t+3] = sum_k f[k] S[2(t+3) + k - 11] = sum_k f[k] S[2t + k - 5] = centred out[t]
+
+        That holds up to ``t = T - 4``; the last 3 centred outputs read past the end of ``S`` (the right
+        replicate pad), so they come from the reference path on the last 16 inputs, which is exact: output
+        ``t`` reads inputs ``t-5 .. t+5`` only, all inside that slice for the last 3.
+        """
+        body = self._fused(x)[..., _CENTRED_SHIFT:]
+        tail = self.reference(x[..., -_CENTRED_TAIL:])[..., -_CENTRED_SHIFT:]
+        return torch.cat([body, tail], dim=-1)
+
+    def reference(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
+        """The unfused path (module docstring): what every other path must equal."""
         # One filter for every channel, so the depthwise (groups=C) convolutions equal single-channel
         # convolutions over a [B*C, 1, T] view; on the CPU that is about 2-3x faster than grouped ones.
-        if self.use_fused and self.causal and _fused_supported is not None and _fused_supported(x):
-            fused: Tensor = torch.ops.streamdec.alias_free_activation(
-                x, self.filter, self.act.alpha_exp, self.act.beta_inv
-            )
-            return fused
         batch, channels, length = x.shape
         flat = x.reshape(batch * channels, 1, length)
         up = F.pad(flat, (_UP_PAD, _UP_PAD), mode="replicate")
