@@ -331,6 +331,10 @@ class StreamServer:
                 for conn in list(self._connections):
                     tg.start_soon(conn.close_going_away)
         self._server.close(close_connections=True)  # whatever is still open gets 1001 now
+        with anyio.move_on_after(self.config.close_timeout):
+            await self._server.wait_closed()
+        for conn in list(self._connections):  # peers that never read their close frame: drop them
+            conn.ws.transport.abort()
         await self._server.wait_closed()
         self._server = None
 

@@ -151,7 +151,7 @@ async def _wait_stalled(server: Any) -> None:
     last = (-1, -1)
     with anyio.fail_after(60):
         while True:
-            await anyio.sleep(0.3)
+            await anyio.sleep(0.5)
             now = (server.metrics.bytes_out, server.decoder.stats.frames)
             if now == last and now[0] > 0:
                 return
@@ -214,9 +214,12 @@ async def test_slow_reader_does_not_delay_another_connection(fast_codec: Any) ->
     async with running_server(fast_codec, send_timeout=120, outbox=2, send_buffer=8192,
                               decoder={"max_emit": 8}) as server:  # fmt: skip
         baseline = await _paced_stream(server.url, latents, 4, fast_codec)
+        received_before = server.metrics.bytes_in
         cm, _ = await _stalled_listener(server, frames=2000)
         try:
             await _wait_stalled(server)
+            # intake paused: most of the slow listener's 2000 frames are still unread in the socket
+            assert server.metrics.bytes_in - received_before < 2000 * fast_codec.latent_dim * 4 / 2
             loaded = await _paced_stream(server.url, latents, 4, fast_codec)
             assert server.open_streams == 1  # the slow listener is still connected, still stalled
         finally:
