@@ -104,6 +104,9 @@ class Codec(nn.Module, abc.ABC):
         The flags are process-wide in PyTorch: every decode of this codec (eager calls, graph captures,
         compiles) runs inside this context so that all of them compute the same function.
         """
+        if self.global_mean.device.type != "cuda":
+            yield  # TF32 exists only on CUDA: leave the process-wide flags alone
+            return
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
         saved = cudnn.allow_tf32, matmul.allow_tf32
         cudnn.allow_tf32 = matmul.allow_tf32 = self.allow_tf32
