@@ -87,7 +87,7 @@ class Engine(abc.ABC):
     async def decode_window(self, request: WindowRequest) -> torch.Tensor:
         """Decode one window and return its emitted slice ``[channels, emit_frames * hop]``."""
 
-    def freeze(self) -> None:
+    def freeze(self) -> None:  # noqa: B027 - a deliberate no-op default: engines without graphs ignore it
         """After warm-up: a shape that would need a new compile or capture is an error (or a counted
         eager fallback, by engine option), never a silent stall. Engines without graphs ignore it."""
 
