@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from streamdec.io import pcm16
 from streamdec.protocol import LATENT_HEADER, encode_latents
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")

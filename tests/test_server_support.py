@@ -62,7 +62,8 @@ async def running_server(
 ) -> AsyncIterator[StreamServer]:
     """A StreamServer on 127.0.0.1, port 0, over a fresh StreamDecoder (closed on exit)."""
     engine = FailingEngine(create_engine(codec)) if failing else None
-    async with streamdec.StreamDecoder(codec, engine=engine, **(decoder or {})) as dec:
+    options = {"max_emit": 16, **(decoder or {})}  # few window sizes: warm-up stays short on a CPU
+    async with streamdec.StreamDecoder(codec, engine=engine, **options) as dec:
         config.setdefault("grace", 5.0)
         server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, **config))
         async with server:
