@@ -81,6 +81,14 @@ def test_audio_message_bytes_match_the_spec_example() -> None:
     )
 
 
+def test_f32_audio_message_bytes_match_the_spec_example() -> None:
+    """The PROTOCOL.md example: stream 3, seq 5, start 2400, mono pcm_f32le [0.5, -0.25]."""
+    data = encode_audio(3, 5, 2400, torch.tensor([[0.5, -0.25]]), "pcm_f32le")
+    assert data.hex(" ") == (
+        "53 44 41 55 03 00 00 00 05 00 00 00 60 09 00 00 00 00 00 00 02 00 00 00 00 00 00 3f 00 00 80 be"
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_latents_round_trip_in_every_dtype(dtype: str) -> None:
     """A latent message decodes back to the sent values, in the stream's dtype."""
