@@ -39,6 +39,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
+from streamdec.engine.base import WarmupReport
 from streamdec.errors import ProtocolError
 from streamdec.protocol import (
     CLOSE_CODES,
@@ -315,10 +316,11 @@ class StreamServer:
             close_timeout=cfg.close_timeout,
         )
 
-    async def warmup(self) -> None:
+    async def warmup(self) -> WarmupReport:
         """Warm the decoder up; ``/healthz`` turns 200 afterwards."""
-        await self.decoder.warmup()
+        report = await self.decoder.warmup()
         self.warm = True
+        return report
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop accepting, let in-flight streams finish (up to ``grace`` seconds), close all with 1001."""
