@@ -15,16 +15,16 @@ upsampling filters of the alias-free activations; the exact figures come from
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from streamdec.codecs.base import Codec
+from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, hull, residual, through
 from streamdec.codecs.layers import AliasFreeActivation, CausalConvTranspose1d, PaddedConv1d, refresh_caches
 from streamdec.errors import CodecError
@@ -33,8 +33,10 @@ __all__ = ["AUK_24K", "TINY", "AMPBlock", "AuKConfig", "AuKDecoder"]
 
 
 @dataclass(frozen=True)
-class AuKConfig:
+class AuKConfig(JSONConfig):
     """Architecture of an AuK-style decoder; ``channels[0]`` is conv_pre's width, then one per stage."""
+
+    family_label = "AuK"
 
     latent_dim: int = 64
     sample_rate: int = 24000
@@ -62,25 +64,6 @@ class AuKConfig:
     @property
     def hop_size(self) -> int:
         return math.prod(self.upsample_rates)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AuKConfig:
-        """Validate and build from JSON data (lists become tuples); unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise CodecError(f"AuK config has unknown keys {unknown}; known keys are {sorted(known)}")
-        try:
-            kwargs = {
-                k: tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)
-                for k, v in data.items()
-            }
-            return cls(**kwargs)  # type: ignore[arg-type]
-        except (TypeError, ValueError) as exc:
-            raise CodecError(f"AuK config {json.dumps(dict(data))} is malformed: {exc}") from exc
 
 
 TINY = AuKConfig(channels=(32, 16, 8, 8, 4, 2, 2))

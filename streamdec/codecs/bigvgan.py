@@ -21,10 +21,9 @@ checked against ours and dropped).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import torch
@@ -32,6 +31,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
 from streamdec.codecs.base import Codec
+from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
 from streamdec.codecs.geometry import Interval, hull, residual, through
 from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
 from streamdec.codecs.layers import refresh_caches as _refresh
@@ -49,8 +49,19 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class BigVGANConfig:
-    """The generator keys of a BigVGAN ``config.json`` (training keys are ignored by the reader)."""
+class BigVGANConfig(JSONConfig):
+    """The generator keys of a BigVGAN ``config.json`` (training keys are ignored by the reader).
+
+    ``from_dict(data, ignore_unknown=True)`` reads a whole ``config.json``, which also holds training
+    settings.
+    """
+
+    family_label = "BigVGAN"
+    coercers: ClassVar[Coercers] = {
+        "resblock_dilation_sizes": nested_ints,
+        **dict.fromkeys(("snake_logscale", "use_tanh_at_final", "use_bias_at_final"), bool),
+        **dict.fromkeys(("resblock", "activation"), str),
+    }
 
     num_mels: int = 100
     upsample_rates: tuple[int, ...] = (4, 4, 2, 2, 2, 2)
@@ -105,34 +116,6 @@ class BigVGANConfig:
     @property
     def hop_size(self) -> int:
         return math.prod(self.upsample_rates)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, ignore_unknown: bool = False) -> BigVGANConfig:
-        """Validate and build from JSON data; unknown keys are an error unless ``ignore_unknown``
-        (a BigVGAN ``config.json`` also holds training settings)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown and not ignore_unknown:
-            raise CodecError(f"BigVGAN config has unknown keys {unknown}; known keys are {sorted(known)}")
-        try:
-            kwargs: dict[str, Any] = {}
-            for k, v in data.items():
-                if k not in known:
-                    continue
-                if k == "resblock_dilation_sizes":
-                    kwargs[k] = tuple(tuple(int(d) for d in ds) for ds in v)
-                elif k in ("snake_logscale", "use_tanh_at_final", "use_bias_at_final"):
-                    kwargs[k] = bool(v)
-                elif k in ("resblock", "activation"):
-                    kwargs[k] = str(v)
-                else:
-                    kwargs[k] = tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)
-            return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise CodecError(f"BigVGAN config {json.dumps(dict(data))} is malformed: {exc}") from exc
 
 
 # The published v2 generators (their config.json files, generator keys only).

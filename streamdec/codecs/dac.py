@@ -23,10 +23,9 @@ synthesize` computes exactly those samples and appends zeros up to ``T*hop`` so 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +34,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
 from streamdec.codecs.base import Codec
+from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, Snake
 from streamdec.codecs.layers import refresh_caches as _refresh
@@ -46,8 +46,10 @@ _DILATIONS = (1, 3, 9)
 
 
 @dataclass(frozen=True)
-class DACConfig:
+class DACConfig(JSONConfig):
     """Architecture of a DAC decoder (the reference's ``latent_dim``, ``decoder_dim``, ``decoder_rates``)."""
+
+    family_label = "DAC"
 
     latent_dim: int = 1024
     decoder_dim: int = 1536
@@ -68,25 +70,6 @@ class DACConfig:
     @property
     def hop_size(self) -> int:
         return math.prod(self.decoder_rates)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DACConfig:
-        """Validate and build from JSON data (lists become tuples); unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise CodecError(f"DAC config has unknown keys {unknown}; known keys are {sorted(known)}")
-        try:
-            kwargs = {
-                k: tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)
-                for k, v in data.items()
-            }
-            return cls(**kwargs)  # type: ignore[arg-type]
-        except (TypeError, ValueError) as exc:
-            raise CodecError(f"DAC config {json.dumps(dict(data))} is malformed: {exc}") from exc
 
 
 DAC_44K = DACConfig()

@@ -23,10 +23,9 @@ names mirror that decoder, so ``pretransform.model.decoder.<key>`` in a ``model.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -34,6 +33,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
 from streamdec.codecs.base import Codec
+from streamdec.codecs.config import Coercers, JSONConfig
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, SnakeBeta
 from streamdec.codecs.layers import refresh_caches as _refresh
@@ -45,8 +45,11 @@ _DILATIONS = (1, 3, 9)
 
 
 @dataclass(frozen=True)
-class OobleckConfig:
+class OobleckConfig(JSONConfig):
     """The decoder's ``OobleckDecoder`` arguments (``use_snake=True``), plus the sample rate."""
+
+    family_label = "Oobleck"
+    coercers: ClassVar[Coercers] = {"final_tanh": bool}
 
     latent_dim: int = 64
     channels: int = 128
@@ -69,27 +72,6 @@ class OobleckConfig:
     @property
     def hop_size(self) -> int:
         return math.prod(self.strides)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> OobleckConfig:
-        """Validate and build from JSON data (lists become tuples); unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise CodecError(f"Oobleck config has unknown keys {unknown}; known keys are {sorted(known)}")
-        try:
-            kwargs: dict[str, Any] = {}
-            for k, v in data.items():
-                if k == "final_tanh":
-                    kwargs[k] = bool(v)
-                else:
-                    kwargs[k] = tuple(int(x) for x in v) if isinstance(v, list | tuple) else int(v)
-            return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise CodecError(f"Oobleck config {json.dumps(dict(data))} is malformed: {exc}") from exc
 
 
 OOBLECK_44K = OobleckConfig()
