@@ -56,6 +56,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     codec = streamdec.load_codec(args.codec)
     left, right = codec.context_frames()
     frame_seconds = codec.hop_size / codec.sample_rate
@@ -85,6 +86,8 @@ def main() -> int:
         "device": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # Other work on the machine inflates CPU timings: the 1-minute load average before and after.
+        "load_average_1min": [load_before, os.getloadavg()[0]],
         "torch": torch.__version__,
         "codec": codec.name,
         "context": [left, right],
