@@ -16,17 +16,16 @@ upsampling filters of the alias-free activations; the exact figures come from
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
 
-from streamdec.codecs.base import Codec
+from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, hull, residual, through
-from streamdec.codecs.layers import AliasFreeActivation, CausalConvTranspose1d, PaddedConv1d, refresh_caches
+from streamdec.codecs.layers import AliasFreeActivation, CausalConvTranspose1d, PaddedConv1d
 from streamdec.errors import CodecError
 
 __all__ = ["AUK_24K", "TINY", "AMPBlock", "AuKConfig", "AuKDecoder"]
@@ -123,10 +122,12 @@ class _Stage(nn.Module):
         return self.up.input_interval(lo, hi)
 
 
-class AuKDecoder(Codec):
+class AuKDecoder(ConfiguredCodec):
     """The AuK-style decoder (module docstring); build through :func:`streamdec.codecs.load_codec`."""
 
     family: ClassVar[str] = "auk"
+    config_class = AuKConfig
+    config: AuKConfig
 
     def __init__(self, name: str, config: AuKConfig) -> None:
         super().__init__(
@@ -156,16 +157,6 @@ class AuKDecoder(Codec):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return through(self._layers(), lo, hi)  # type: ignore[arg-type]
-
-    def refresh_cache(self) -> None:
-        refresh_caches(self)
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    @classmethod
-    def from_config(cls, name: str, config: Mapping[str, Any]) -> AuKDecoder:
-        return cls(name, AuKConfig.from_dict(config))
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:

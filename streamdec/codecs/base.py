@@ -3,24 +3,30 @@
 A family subclasses :class:`Codec`, sets ``family``, implements :meth:`Codec.synthesize` (denormalised
 latents ``[B, latent_dim, T]`` to audio ``[B, channels, T * hop_size]``), :meth:`Codec.input_interval`
 (the geometry of ``synthesize``: output sample indices to latent frame indices), ``config_dict`` /
-``from_config`` (the JSON stored in checkpoints) and ``init_random`` (its seeded random weights).
+``from_config`` (the JSON stored in checkpoints) and ``init_random`` (its seeded random weights). A family
+built from streamdec's layers and one config dataclass subclasses :class:`ConfiguredCodec` instead, which
+supplies ``config_dict``, ``from_config`` and ``refresh_cache``.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, frame_context
+from streamdec.codecs.layers import refresh_caches
 from streamdec.errors import DTypeError, ShapeError
 
-__all__ = ["Codec"]
+__all__ = ["Codec", "ConfiguredCodec"]
+
+_F = TypeVar("_F", bound="ConfiguredCodec")
 
 
 class Codec(nn.Module, abc.ABC):
@@ -151,3 +157,27 @@ class Codec(nn.Module, abc.ABC):
                 f"latents have shape {tuple(z.shape)}; decode needs at least 1 batch item and 1 frame"
             )
         return z
+
+
+class ConfiguredCodec(Codec):
+    """A family built from streamdec's layers whose whole architecture is one ``config_class`` instance.
+
+    Subclasses set ``config_class``, take ``(name, config)`` in ``__init__`` and keep the config in
+    ``self.config`` (annotated there with its own class). Then ``config_dict`` is ``config.to_dict()``,
+    ``from_config`` is ``cls(name, config_class.from_dict(config))`` (unknown keys are an error) and
+    ``refresh_cache`` rebuilds every cached layer (:func:`~streamdec.codecs.layers.refresh_caches`).
+    """
+
+    config_class: ClassVar[type[JSONConfig]]
+    config: JSONConfig
+
+    def refresh_cache(self) -> None:
+        refresh_caches(self)
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_config(cls: type[_F], name: str, config: Mapping[str, Any]) -> _F:
+        build = cast(Callable[[str, JSONConfig], _F], cls)
+        return build(name, cls.config_class.from_dict(config))

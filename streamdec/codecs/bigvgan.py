@@ -22,19 +22,17 @@ checked against ours and dropped).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
-from streamdec.codecs.base import Codec
+from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
 from streamdec.codecs.geometry import Interval, hull, residual, through
 from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
-from streamdec.codecs.layers import refresh_caches as _refresh
 from streamdec.errors import CodecError
 
 __all__ = [
@@ -187,10 +185,12 @@ class _Stage:
         return self.up.input_interval(*hull(b.input_interval(lo, hi) for b in self.blocks))
 
 
-class BigVGANGenerator(Codec):
+class BigVGANGenerator(ConfiguredCodec):
     """The BigVGAN v2 generator (module docstring); build through :func:`streamdec.codecs.load_codec`."""
 
     family: ClassVar[str] = "bigvgan"
+    config_class = BigVGANConfig
+    config: BigVGANConfig
 
     def __init__(self, name: str, config: BigVGANConfig) -> None:
         super().__init__(
@@ -236,16 +236,6 @@ class BigVGANGenerator(Codec):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return through([self.conv_pre, *self._stages(), self.activation_post, self.conv_post], lo, hi)
-
-    def refresh_cache(self) -> None:
-        _refresh(self)
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    @classmethod
-    def from_config(cls, name: str, config: Mapping[str, Any]) -> BigVGANGenerator:
-        return cls(name, BigVGANConfig.from_dict(config))
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:

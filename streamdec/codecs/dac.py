@@ -24,20 +24,18 @@ synthesize` computes exactly those samples and appends zeros up to ``T*hop`` so 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
-from streamdec.codecs.base import Codec
+from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, Snake
-from streamdec.codecs.layers import refresh_caches as _refresh
 from streamdec.errors import CodecError, DTypeError, ShapeError
 
 __all__ = ["DAC_16K", "DAC_24K", "DAC_44K", "DAC_TINY", "DACCodebooks", "DACConfig", "DACDecoder"]
@@ -118,10 +116,12 @@ class DecoderBlock(nn.Module):
         return self.block.input_interval(lo, hi)
 
 
-class DACDecoder(Codec):
+class DACDecoder(ConfiguredCodec):
     """The DAC decoder (module docstring); build through :func:`streamdec.codecs.load_codec`."""
 
     family: ClassVar[str] = "dac"
+    config_class = DACConfig
+    config: DACConfig
 
     def __init__(self, name: str, config: DACConfig) -> None:
         super().__init__(
@@ -147,16 +147,6 @@ class DACDecoder(Codec):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return self.model.input_interval(lo, hi)
-
-    def refresh_cache(self) -> None:
-        _refresh(self)
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    @classmethod
-    def from_config(cls, name: str, config: Mapping[str, Any]) -> DACDecoder:
-        return cls(name, DACConfig.from_dict(config))
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:

@@ -32,11 +32,10 @@ import torch
 from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
-from streamdec.codecs.base import Codec
+from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, SnakeBeta
-from streamdec.codecs.layers import refresh_caches as _refresh
 from streamdec.errors import CodecError
 
 __all__ = ["OOBLECK_44K", "OOBLECK_TINY", "OobleckConfig", "OobleckDecoder"]
@@ -118,10 +117,12 @@ class DecoderBlock(nn.Module):
         return self.layers.input_interval(lo, hi)
 
 
-class OobleckDecoder(Codec):
+class OobleckDecoder(ConfiguredCodec):
     """The Oobleck decoder (module docstring); build through :func:`streamdec.codecs.load_codec`."""
 
     family: ClassVar[str] = "oobleck"
+    config_class = OobleckConfig
+    config: OobleckConfig
 
     def __init__(self, name: str, config: OobleckConfig) -> None:
         super().__init__(
@@ -151,12 +152,6 @@ class OobleckDecoder(Codec):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return self.layers.input_interval(lo, hi)
-
-    def refresh_cache(self) -> None:
-        _refresh(self)
-
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
 
     @classmethod
     def from_config(cls, name: str, config: Mapping[str, Any]) -> OobleckDecoder:
