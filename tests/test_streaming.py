@@ -277,3 +277,12 @@ async def test_closed_decoder_refuses_work(codec: streamdec.Codec) -> None:
         dec.decode_tiles([])
     with pytest.raises(EngineClosedError):
         await dec.decode(torch.randn(5, codec.latent_dim))
+
+
+async def test_eager_engine_leaves_a_core_for_the_event_loop(codec: streamdec.Codec) -> None:
+    """While the eager engine runs, intra-op threads are capped (default cores - 1), then restored."""
+    before = torch.get_num_threads()
+    async with streamdec.StreamDecoder(codec, threads=1) as dec:
+        assert torch.get_num_threads() == 1
+        await dec.decode(torch.randn(10, codec.latent_dim))
+    assert torch.get_num_threads() == before

@@ -28,4 +28,4 @@ def create_engine(codec: Codec, **options: Any) -> Engine:
         from .cuda import CudaGraphEngine  # imported lazily: nothing CUDA-specific loads on CPU hosts
 
         return CudaGraphEngine(codec, **options)
-    return EagerEngine(codec, **{k: v for k, v in options.items() if k in {"max_batch"}})
+    return EagerEngine(codec, **{k: v for k, v in options.items() if k in {"max_batch", "threads"}})

@@ -1,5 +1,10 @@
 """The eager engine: one worker thread decodes windows with plain PyTorch calls (CPU, or any device).
 
+The event loop never decodes, and it keeps a core: PyTorch's intra-op (OpenMP) pool is process-wide, and
+when its threads fill every core, each wake-up of the event loop preempts one of them while the others
+spin at the next barrier. On a 2-core machine that made a 60 ms window take 0.3 to 12 s. So while the
+engine runs, intra-op threads are capped at ``threads`` (default: cores - 1), and restored on close.
+
 The event loop never decodes. ``decode_window`` puts the request on a queue and awaits an asyncio future
 that the worker resolves through ``loop.call_soon_threadsafe``. The worker drains whatever is queued,
 groups windows of the same length, most urgent first, and decodes each group as one batch (up to
@@ -9,6 +14,7 @@ groups windows of the same length, most urgent first, and decodes each group as 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 import time
@@ -37,9 +43,13 @@ _STOP = object()
 class EagerEngine(Engine):
     """Decodes windows on a dedicated worker thread; see the module docstring."""
 
-    def __init__(self, codec: Codec, *, max_batch: int = 8) -> None:
+    def __init__(self, codec: Codec, *, max_batch: int = 8, threads: int | None = None) -> None:
         if max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if threads is not None and threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}")
+        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 1) - 1)
+        self._saved_threads: int | None = None
         self.codec = codec
         self.device = codec.pad_latent.device
         self.max_batch = max_batch
@@ -54,6 +64,8 @@ class EagerEngine(Engine):
         if self._closed:
             raise EngineClosedError("engine is closed: create a new one")
         if self._thread is None:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(min(self._saved_threads, self.threads))
             self._thread = threading.Thread(target=self._run, name="streamdec-eager", daemon=True)
             self._thread.start()
 
@@ -78,6 +90,8 @@ class EagerEngine(Engine):
         if self._thread is not None:
             self._queue.put(_STOP)
             await asyncio.to_thread(self._thread.join)
+        if self._saved_threads is not None:
+            torch.set_num_threads(self._saved_threads)
         self._fail_queued()
 
     # -- requests ----------------------------------------------------------------------------------
