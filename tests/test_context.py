@@ -7,6 +7,7 @@ from typing import TypeVar
 
 import pytest
 import torch
+from probes import flat_convs, flat_filters, random_weights, reads
 from torch import Tensor, nn
 
 from streamdec.codecs import Codec, load_codec
@@ -18,17 +19,6 @@ torch.set_num_threads(2)
 M = TypeVar("M", bound=nn.Module)
 
 
-def _random_(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Float64 copy of ``module`` with every parameter drawn N(0, 0.5) (biases too), caches rebuilt."""
-    gen = torch.Generator().manual_seed(seed)
-    module = module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5)
-    refresh_caches(module)
-    return module
-
-
 def _support_model(codec: M) -> M:
     """The codec with non-negative weights and identity SnakeBeta: linear, no cancellation possible.
 
@@ -36,17 +26,12 @@ def _support_model(codec: M) -> M:
     the impulse to ``o``, which is the support that interval propagation claims to compute.
     """
     with torch.no_grad():
+        flat_convs(codec)
         for m in codec.modules():
-            if isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
-                m.weight.fill_(1.0 / m.weight[0].numel())
-                if m.bias is not None:
-                    m.bias.zero_()
             if isinstance(m, AliasFreeActivation):
                 m.act.beta.fill_(1e4)  # 1 / (exp(1e4) + eps) == 0: SnakeBeta becomes the identity
         refresh_caches(codec)
-        for m in codec.modules():
-            if isinstance(m, AliasFreeActivation):
-                m.filter.fill_(1.0 / m.filter.numel())  # same 12-tap support, all taps positive
+        flat_filters(codec)  # same 12-tap support, all taps positive
     return codec
 
 
@@ -66,25 +51,11 @@ def _upsampling(module: nn.Module) -> int:
     return module.stride[0] if isinstance(module, CausalConvTranspose1d) else 1
 
 
-def _reads(module: nn.Module, x: Tensor) -> dict[int, set[int]]:
-    """For each output index, the input indices whose +1 bump moves it at all (float64)."""
-    reads: dict[int, set[int]] = {}
-    with torch.no_grad():
-        base = module(x)
-        for i in range(x.shape[-1]):
-            bumped = x.clone()
-            bumped[0, :, i] += 1.0
-            moved = (module(bumped) - base).abs().amax(dim=1)[0]
-            for o in (moved > 0).nonzero().flatten().tolist():
-                reads.setdefault(o, set()).add(i)
-    return reads
-
-
-def _check_interior(module: nn.Module, reads: dict[int, set[int]], length: int) -> None:
+def _check_interior(module: nn.Module, read: dict[int, set[int]], length: int) -> None:
     out_len = length * _upsampling(module)
     for o in range(out_len // 2 - 10, out_len // 2 + 10):
         lo, hi = module.input_interval(o, o)  # type: ignore[operator]
-        assert (min(reads[o]), max(reads[o])) == (lo, hi), f"output {o}"
+        assert (min(read[o]), max(read[o])) == (lo, hi), f"output {o}"
 
 
 LENGTH = 200  # the AMP block reads 72 samples back: keep the tested outputs well inside
@@ -95,15 +66,15 @@ def test_layer_interval_is_exact_with_support_weights(make: Callable[[], nn.Modu
     """input_interval is exactly the hull of the inputs that reach an output (non-negative weights)."""
     module = _support_model(make().double())
     x = torch.zeros(1, 2, LENGTH, dtype=torch.float64)
-    _check_interior(module, _reads(module, x), LENGTH)
+    _check_interior(module, reads(module, x), LENGTH)
 
 
 @pytest.mark.parametrize("make", list(_layer_cases().values())[:-1], ids=list(_layer_cases())[:-1])
 def test_primitive_layer_interval_is_exact_with_random_weights(make: Callable[[], nn.Module]) -> None:
     """For one primitive layer even random weights and the real filter reach the interval's ends."""
-    module = _random_(make())
+    module = random_weights(make())
     x = torch.randn(1, 2, LENGTH, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    _check_interior(module, _reads(module, x), LENGTH)
+    _check_interior(module, reads(module, x), LENGTH)
 
 
 def test_interval_helpers_compose_ranges() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from probes import flat_convs, flat_filters, random_weights, reads
 from torch import Tensor, nn
 
 from streamdec.codecs import PRESETS, Codec, load_codec
@@ -132,46 +133,21 @@ def test_dac_odd_strides_pad_the_reference_length_with_zeros() -> None:
 
 # -- layer geometry ----------------------------------------------------------------------------------
 def _random_(module: nn.Module, seed: int = 0) -> nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    module = module.double()
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            value = torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.5
-            p.copy_(value.abs() + 0.5 if name.endswith("alpha") else value)  # keep linear Snake away from 0
-    refresh_caches(module)
-    return module
+    return random_weights(module, seed, positive_alpha=True)  # keep linear Snake away from 0
 
 
 def _support_(module: nn.Module) -> nn.Module:
     """Non-negative conv weights, no biases, identity Snakes, all-positive filters: a linear support probe."""
     module = module.double()
     with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
-                m.weight.fill_(1.0 / m.weight[0].numel())
-                if m.bias is not None:
-                    m.bias.zero_()
+        flat_convs(module)
         refresh_caches(module)
         for m in module.modules():
             if isinstance(m, SnakeBeta):  # Snake included: frequency 0 makes sin(0 * x) = 0, the identity
                 m.alpha_exp.zero_()
                 m.beta_inv.zero_()
-            if isinstance(m, AliasFreeActivation):
-                m.filter.fill_(1.0 / m.filter.numel())
+        flat_filters(module)
     return module
-
-
-def _reads(module: nn.Module, x: Tensor) -> dict[int, set[int]]:
-    reads: dict[int, set[int]] = {}
-    with torch.no_grad():
-        base = module(x)
-        for i in range(x.shape[-1]):
-            bumped = x.clone()
-            bumped[0, :, i] += 1.0
-            moved = (module(bumped) - base).abs().amax(dim=1)[0]
-            for o in (moved > 0).nonzero().flatten().tolist():
-                reads.setdefault(o, set()).add(i)
-    return reads
 
 
 LAYERS: dict[str, tuple[Callable[[], nn.Module], int]] = {  # name: (factory, upsampling factor)
@@ -204,9 +180,9 @@ def test_layer_interval_is_exact(name: str, weights: str) -> None:
     x = torch.randn(1, 2, LENGTH, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     if weights == "support":
         x = x.abs()
-    reads = _reads(module, x)
+    read = reads(module, x)
     for o in range(LENGTH * up // 2 - 12, LENGTH * up // 2 + 12):
-        assert (min(reads[o]), max(reads[o])) == module.input_interval(o, o), f"output {o}"  # type: ignore[operator]
+        assert (min(read[o]), max(read[o])) == module.input_interval(o, o), f"output {o}"  # type: ignore[operator]
 
 
 def test_centred_alias_free_reads_five_each_side() -> None:
