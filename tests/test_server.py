@@ -12,6 +12,7 @@ import pytest
 import torch
 from test_server_support import (
     POISON,
+    clip,
     collect,
     next_json,
     offline,
@@ -33,10 +34,6 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def codec() -> Any:
     return tiny_codec()
-
-
-def clip(frames: int, seed: int) -> torch.Tensor:
-    return torch.randn(frames, 64, generator=torch.Generator().manual_seed(seed))
 
 
 async def run_stream(

@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_server_support import (
     Received,
+    clip,
     collect,
     offline,
     raw,
@@ -41,10 +42,6 @@ def codec() -> Any:
 def fast_codec() -> Any:
     """A codec ten times faster than "tiny" on a CPU: the timing tests need decoding faster than real time."""
     return streamdec.load_codec("dac-tiny", device="cpu")
-
-
-def clip(frames: int, seed: int, dim: int = 64) -> torch.Tensor:
-    return torch.randn(frames, dim, generator=torch.Generator().manual_seed(seed))
 
 
 async def wait_until(predicate: Any, timeout: float = 20.0) -> None:

@@ -156,6 +156,11 @@ async def send_latents(ws: ClientConnection, stream: int, latents: torch.Tensor,
     return seq
 
 
+def clip(frames: int, seed: int, dim: int = 64) -> torch.Tensor:
+    """Seeded N(0, 1) latents ``[frames, dim]`` (64: the "tiny" codec's latent_dim)."""
+    return torch.randn(frames, dim, generator=torch.Generator().manual_seed(seed))
+
+
 def offline(codec: Any, latents: torch.Tensor) -> np.ndarray:
     """The reference: the codec's own decode of the whole clip, float32 [channels, T * hop]."""
     with torch.no_grad():
