@@ -7,7 +7,9 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["init_conv"]
+from streamdec.codecs.layers import Snake, SnakeBeta
+
+__all__ = ["init_conv", "init_snake"]
 
 
 @torch.no_grad()
@@ -26,3 +28,14 @@ def init_conv(m: nn.Module, gain: float, gen: torch.Generator, bias_std: float =
     w.copy_(torch.randn(w.shape, generator=gen) * (gain / math.sqrt(fan_in)))
     if m.bias is not None:
         m.bias.copy_(torch.randn(m.bias.shape, generator=gen) * bias_std)
+
+
+@torch.no_grad()
+def init_snake(module: SnakeBeta, gen: torch.Generator) -> None:
+    """Log-scales ``alpha ~ N(0, 0.3^2)`` and (SnakeBeta only) ``beta ~ N(1, 0.3^2)``; a linear-scale module
+    stores ``exp`` of those draws."""
+    alpha = torch.randn(module.alpha.shape, generator=gen) * 0.3
+    module.alpha.copy_(alpha if module.log_scale else alpha.exp())
+    if not isinstance(module, Snake):
+        beta = torch.randn(module.beta.shape, generator=gen) * 0.3 + 1.0
+        module.beta.copy_(beta if module.log_scale else beta.exp())

@@ -28,7 +28,7 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from streamdec.codecs._random import init_conv
+from streamdec.codecs._random import init_conv, init_snake
 from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
 from streamdec.codecs.geometry import Interval, hull, residual, through
@@ -247,7 +247,7 @@ class BigVGANGenerator(ConfiguredCodec):
         gen = torch.Generator().manual_seed(seed)
         for module in self.modules():
             if isinstance(module, SnakeBeta):
-                _init_snake(module, gen)
+                init_snake(module, gen)
         init_conv(self.conv_pre, 1.0, gen)
         for stage in self._stages():
             init_conv(stage.up, 1.0, gen)
@@ -259,11 +259,3 @@ class BigVGANGenerator(ConfiguredCodec):
         self.global_mean.zero_()
         self.global_log_std.fill_(1.0)
         self.refresh_cache()
-
-
-def _init_snake(module: SnakeBeta, gen: torch.Generator) -> None:
-    alpha = torch.randn(module.alpha.shape, generator=gen) * 0.3
-    module.alpha.copy_(alpha if module.log_scale else alpha.exp())
-    if not isinstance(module, Snake):
-        beta = torch.randn(module.beta.shape, generator=gen) * 0.3 + 1.0
-        module.beta.copy_(beta if module.log_scale else beta.exp())

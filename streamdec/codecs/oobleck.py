@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from streamdec.codecs._random import init_conv
+from streamdec.codecs._random import init_conv, init_snake
 from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig
 from streamdec.codecs.geometry import Interval, residual
@@ -173,8 +173,7 @@ class OobleckDecoder(ConfiguredCodec):
         gen = torch.Generator().manual_seed(seed)
         for module in self.modules():
             if isinstance(module, SnakeBeta):
-                module.alpha.copy_(torch.randn(module.alpha.shape, generator=gen) * 0.3)
-                module.beta.copy_(torch.randn(module.beta.shape, generator=gen) * 0.3 + 1.0)
+                init_snake(module, gen)
             elif isinstance(module, ResidualUnit):
                 init_conv(module.layers[1], 1.0, gen)
                 init_conv(module.layers[3], 0.5, gen)
