@@ -169,11 +169,15 @@ class StreamPlanner:
         """How far before the next emitted frame a window may reach: latents older than this can go."""
         return self.window_sizes[-1]
 
-    def next_window(self, received: int, ended: bool) -> Window | None:
-        """The next window to decode, given ``received`` frames so far; None if none is due yet."""
+    def next_window(self, received: int, ended: bool, *, flush: bool = False) -> Window | None:
+        """The next window to decode, given ``received`` frames so far; None if none is due yet.
+
+        ``flush`` emits every ready frame now, below the emission target: the caller's listener is about
+        to run out of audio, and waiting for a larger emission would stall playback.
+        """
         if received < self.emitted:
             raise ConfigError(f"received={received} went backwards below emitted={self.emitted}")
-        count = self._due(received, ended)
+        count = self._due(received, ended, flush)
         if count == 0:
             return None
         emit_start = self.emitted
@@ -187,12 +191,16 @@ class StreamPlanner:
         """True once the stream has ended and every frame is in a window."""
         return ended and self.emitted == received
 
-    def _due(self, received: int, ended: bool) -> int:
-        if ended:
-            return min(received - self.emitted, self.max_emit)
-        ready = received - self.right - self.emitted
+    def ready(self, received: int, ended: bool) -> int:
+        """Frames that could be emitted now: their right context has arrived (or the stream ended)."""
+        return received - self.emitted - (0 if ended else self.right)
+
+    def _due(self, received: int, ended: bool, flush: bool) -> int:
+        ready = self.ready(received, ended)
+        if ready <= 0:
+            return 0
         target = self._targets[min(self.emissions, len(self._targets) - 1)]
-        return min(ready, self.max_emit) if ready >= target else 0
+        return min(ready, self.max_emit) if ended or flush or ready >= target else 0
 
     def _fit(self, emit_start: int, emit_end: int, received: int, ended: bool) -> Window:
         # Pinned: the window touches the clip's true end, where nothing may be padded.

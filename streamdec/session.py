@@ -129,9 +129,15 @@ class StreamSession:
         """Every frame has been handed out in a window (tiles may still be in flight)."""
         return self.planner.finished(self.received, self.ended)
 
-    def next_job(self) -> Job | None:
-        """The next window to decode with its latents, or None until one is due."""
-        window = self.planner.next_window(self.received, self.ended)
+    @property
+    def ready_frames(self) -> int:
+        """Frames whose right context has arrived but that are in no window yet."""
+        return max(0, self.planner.ready(self.received, self.ended))
+
+    def next_job(self, *, flush: bool = False) -> Job | None:
+        """The next window to decode with its latents, or None until one is due (see ``flush`` in
+        :meth:`StreamPlanner.next_window`)."""
+        window = self.planner.next_window(self.received, self.ended, flush=flush)
         if window is None:
             return None
         latents = self._cut(window)

@@ -190,8 +190,10 @@ class TileStream(AsyncIterator[Tile]):
             aiter(chunks) if isinstance(chunks, AsyncIterable) else iter(chunks)
         )
         self._is_async = isinstance(chunks, AsyncIterable)
+        self._pending: asyncio.Future[Any] | None = None  # a pull from an async source still waiting
         self._closed = False
         self.first_audio_at: float | None = None  # time.monotonic() of the first tile
+        self._decode_s = 0.0  # recent decode latency of this stream's windows (moving average)
         decoder._stats.open_streams += 1
         decoder._stats.streams += 1
 
@@ -212,7 +214,10 @@ class TileStream(AsyncIterator[Tile]):
             if job is None:
                 self._free()
                 raise StopAsyncIteration
+            began = time.monotonic()
             audio = await self.decoder.engine.decode_window(self._request(job))
+            elapsed = time.monotonic() - began
+            self._decode_s = elapsed if self._decode_s == 0.0 else 0.7 * self._decode_s + 0.3 * elapsed
             tile = self.session.complete(job, audio)
         except StopAsyncIteration:
             raise
@@ -227,25 +232,55 @@ class TileStream(AsyncIterator[Tile]):
         return tile
 
     async def _next_job(self) -> Job | None:
-        """Pull chunks until a window is due; None once the stream has ended and everything went out."""
+        """Pull chunks until a window is due; None once the stream has ended and everything went out.
+
+        A window is due when the emission schedule says so, or when the listener would otherwise run
+        dry: waiting for a chunk stops at the flush time, and the ready frames go out below the target.
+        """
         while True:
             job = self.session.next_job()
             if job is not None or self.session.finished:
                 return job
+            flush_in = self._flush_in()
             try:
-                chunk = await self._pull()
+                # At least 1 ms: a source that has the next chunk at hand delivers it within that.
+                chunk = await self._pull(timeout=None if flush_in is None else max(flush_in, 0.001))
             except StopAsyncIteration:
                 self.session.end()
                 continue
+            except TimeoutError:
+                # The source kept us waiting past the flush time: send what is ready.
+                job = self.session.next_job(flush=True)
+                if job is not None:
+                    return job
+                continue
             self.session.feed(chunk)
 
-    async def _pull(self) -> Any:
-        if self._is_async:
-            return await self._source.__anext__()  # type: ignore[union-attr]
-        try:
-            return next(self._source)  # type: ignore[arg-type]
-        except StopIteration:
-            raise StopAsyncIteration from None
+    def _flush_in(self) -> float | None:
+        """Seconds until ready frames must go out for the listener not to run dry; None: no need."""
+        if self.first_audio_at is None or self.session.ready_frames == 0:
+            return None
+        # Lead: the window's decode, twice over for jitter, plus 10 ms for the trip to the listener.
+        return self._deadline() - (2.0 * self._decode_s + 0.01) - time.monotonic()
+
+    async def _pull(self, timeout: float | None) -> Any:
+        """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
+
+        A plain iterable never times out: its chunks are always at hand, so nothing is flushed early.
+        """
+        if not self._is_async:
+            try:
+                return next(self._source)  # type: ignore[arg-type]
+            except StopIteration:
+                raise StopAsyncIteration from None
+        if self._pending is None:
+            # A task, so that a timeout leaves the pull running (cancelling it would close the source).
+            self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            raise TimeoutError
+        pending, self._pending = self._pending, None
+        return pending.result()
 
     def _request(self, job: Job) -> WindowRequest:
         window = job.window
@@ -274,6 +309,10 @@ class TileStream(AsyncIterator[Tile]):
         if self._closed:
             return
         self._free()
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         if self._is_async:
             close = getattr(self._source, "aclose", None)
             if close is not None:

@@ -86,12 +86,15 @@ def test_stream_planner_rejects_bad_policy(kwargs: dict, match: str) -> None:
         StreamPlanner(53, 7, **kwargs)
 
 
-def _run_planner(planner: StreamPlanner, arrivals: list[int]) -> tuple[list[tuple[Window, int, bool]], int]:
-    """Feed arrival sizes, then end; returns (window, received-at-planning, ended) triples and the total."""
+def _run_planner(
+    planner: StreamPlanner, arrivals: list[int], flushes: list[bool] | None = None
+) -> tuple[list[tuple[Window, int, bool]], int]:
+    """Feed arrival sizes (flushing after some), then end; returns (window, received, ended) and the total."""
     out, received = [], 0
-    for n in arrivals:
+    for i, n in enumerate(arrivals):
         received += n
-        while (w := planner.next_window(received, False)) is not None:
+        flush = bool(flushes and flushes[i % len(flushes)])
+        while (w := planner.next_window(received, False, flush=flush)) is not None:
             out.append((w, received, False))
     while (w := planner.next_window(received, True)) is not None:
         out.append((w, received, True))
@@ -106,14 +109,15 @@ def _run_planner(planner: StreamPlanner, arrivals: list[int]) -> tuple[list[tupl
     min_emit=st.integers(1, 16),
     grow=st.integers(0, 5),
     arrivals=st.lists(st.integers(0, 150), max_size=40),
+    flushes=st.lists(st.booleans(), max_size=5),
 )
 def test_stream_planner_exactness_rule(
-    left: int, right: int, min_emit: int, grow: int, arrivals: list[int]
+    left: int, right: int, min_emit: int, grow: int, arrivals: list[int], flushes: list[bool]
 ) -> None:
-    """For every arrival pattern: each frame emitted once, in order, with full context or the true edge."""
+    """For every arrival pattern and flush: each frame emitted once, in order, with full context."""
     max_emit = min_emit << grow
     planner = StreamPlanner(left, right, min_emit=min_emit, max_emit=max_emit)
-    planned, total = _run_planner(planner, arrivals)
+    planned, total = _run_planner(planner, arrivals, flushes)
     emitted = 0
     for w, received, ended in planned:
         assert w.emit_start == emitted and 0 < w.emit_frames <= max_emit
@@ -152,3 +156,12 @@ def test_stream_planner_emissions_grow() -> None:
         if (w := planner.next_window(received, False)) is not None:
             sizes.append(w.emit_frames)
     assert sizes[:6] == [2, 4, 8, 16, 16, 16]
+
+
+def test_flush_emits_ready_frames_below_the_target() -> None:
+    """flush=True emits what is ready now; without it the planner waits for the emission target."""
+    planner = StreamPlanner(10, 2, min_emit=4, max_emit=16)
+    assert planner.next_window(3, False) is None  # 1 frame ready, target 4
+    w = planner.next_window(3, False, flush=True)
+    assert w is not None and (w.emit_start, w.emit_end) == (0, 1)
+    assert planner.next_window(3, False, flush=True) is None  # nothing ready: flush cannot help

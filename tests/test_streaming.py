@@ -286,3 +286,21 @@ async def test_eager_engine_leaves_a_core_for_the_event_loop(codec: streamdec.Co
         assert torch.get_num_threads() == 1
         await dec.decode(torch.randn(10, codec.latent_dim))
     assert torch.get_num_threads() == before
+
+
+async def test_listener_about_to_run_dry_gets_frames_below_the_target(codec: streamdec.Codec) -> None:
+    """A source at real-time pace: tiles go out before the doubling target rather than starve the
+    listener, and the stream is still exact."""
+    latents, reference = _clip(codec, 40, 8)
+
+    async def realtime() -> AsyncIterator[torch.Tensor]:
+        for i in range(40):
+            await asyncio.sleep(0.02)  # 50 frames per second
+            yield latents[i : i + 1]
+
+    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=32) as dec:
+        tiles = await _collect(dec, realtime())
+    targets = [2, 4, 8, 16, 32]
+    sizes = [t.frames for t in tiles]
+    assert any(size < targets[min(i, 4)] for i, size in enumerate(sizes[:-1])), sizes
+    torch.testing.assert_close(_stitch(tiles), reference, atol=1e-5, rtol=0)
