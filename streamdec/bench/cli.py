@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -116,6 +118,7 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     a("--name", help="file stem (default <date>-<device>-bench)")
     a("--no-plots", dest="plots", action="store_false")
     a("--quiet", action="store_true", help="no progress bar")
+    a("--replot", metavar="JSON", help="only redraw the plots of an existing result file, beside it")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -180,8 +183,19 @@ def summary_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _replot(path: Path) -> int:
+    from .plots import write_plots
+
+    result = json.loads(path.read_text())
+    written = write_plots(result, path.with_suffix(""))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``streamdec bench``; prints a digest and the files written. Exit 1 if a section failed."""
+    if args.replot:
+        return _replot(Path(args.replot))
     from .runner import run
 
     cfg = config_from_args(args)

@@ -24,6 +24,11 @@ def _xy(points: list[dict[str, Any]], xkey: str, get: Any) -> tuple[list[float],
     return xs, ys
 
 
+def _tiers_with_points(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Tiers that measured something (a tier skipped for time draws no empty legend entry)."""
+    return [t for t in result["tiles"]["tiers"] if t["points"]]
+
+
 def _log2_axis(ax: Any, sizes: list[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes)
@@ -38,7 +43,7 @@ def _title(result: dict[str, Any]) -> str:
 def _latency(result: dict[str, Any], path: Path, plt: Any) -> None:
     sizes = list(result["config"]["sizes"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    for tier in result["tiles"]["tiers"]:
+    for tier in _tiers_with_points(result):
         color = _TIER_STYLE.get(tier["tier"])
         xs, ys = _xy(tier["points"], "emit_frames", lambda p: _p(p["window_ms"]))
         ax1.plot(xs, ys, "o-", color=color, label=f"streamdec {tier['tier']} (p50)")
@@ -80,15 +85,21 @@ def _latency(result: dict[str, Any], path: Path, plt: Any) -> None:
 def _halo(result: dict[str, Any], path: Path, plt: Any) -> None:
     sizes = list(result["config"]["sizes"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
-    first = result["tiles"]["tiers"][0]["points"] if result["tiles"]["tiers"] else []
+    tiers = _tiers_with_points(result)
+    first = tiers[0]["points"] if tiers else []
     xs, ys = _xy(first, "emit_frames", lambda p: p["decoded_per_emitted"])
     ax1.plot(xs, ys, "k.-", label="decoded / emitted frames (planned)")
-    for tier in result["tiles"]["tiers"]:
+    for tier in _tiers_with_points(result):
         color = _TIER_STYLE.get(tier["tier"])
-        xs, ys = _xy(tier["points"], "emit_frames", lambda p: p["stream"].get("vs_whole"))
-        ax1.plot(xs, ys, "o-", color=color, label=f"{tier['tier']}: stream time / whole-clip time")
-        xs, ys = _xy(tier["points"], "emit_frames", lambda p: p["stream"].get("us_per_emitted_frame"))
-        ax2.plot(xs, ys, "o-", color=color, label=f"{tier['tier']}")
+        for measured, style, note in ((True, "o-", ""), (False, "o", " (estimated)")):
+            pts = [p for p in tier["points"] if p["stream"].get("measured", True) is measured]
+            kw = {"color": color} if measured else {"markeredgecolor": color, "markerfacecolor": "none"}
+            xs, ys = _xy(pts, "emit_frames", lambda p: p["stream"].get("vs_whole"))
+            if xs:
+                ax1.plot(xs, ys, style, label=f"{tier['tier']}: stream / whole-clip time{note}", **kw)
+            xs, ys = _xy(pts, "emit_frames", lambda p: p["stream"].get("us_per_emitted_frame"))
+            if xs:
+                ax2.plot(xs, ys, style, label=f"{tier['tier']}{note}", **kw)
     ax1.set(xlabel="emission size (frames)", ylabel="ratio", yscale="log",
             title=f"Halo overhead, {result['config']['clip_seconds']:g} s clip")  # fmt: skip
     ax2.set(xlabel="emission size (frames)", ylabel="device µs per emitted frame", yscale="log",
@@ -113,7 +124,7 @@ def _quality(result: dict[str, Any], path: Path, plt: Any) -> None:
         ax1.plot(xs, ys, "s--", color=color, label=label)
         xs, ys = _xy(rows, "chunk_frames", lambda p: p["error"]["click_energy_db"])
         ax2.plot(xs, ys, "s--", color=color, label=label)
-    for tier in result["tiles"]["tiers"]:
+    for tier in _tiers_with_points(result):
         tier_color = _TIER_STYLE.get(tier["tier"])
         xs, ys = _xy(tier["points"], "emit_frames", lambda p: (p["stream"].get("error") or {}).get("snr_db"))
         ax1.plot(xs, ys, "o-", color=tier_color, label=f"streamdec {tier['tier']}")
