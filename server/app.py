@@ -112,6 +112,10 @@ class _Connection:
                 await self._send(self.state.ready())
                 await self._guarded(self._reader)
                 tg.cancel_scope.cancel()  # the socket closed or failed: drop every stream
+        # A stream task cancelled before its first step never entered its `with` block: close its queue.
+        for stream in list(self.streams.values()):
+            stream.chunks_in.close()
+            stream.chunks_out.close()
         if self._fatal is ErrorCode.OVERLOADED:
             timeout = self.server.config.send_timeout
             await self._close_with(

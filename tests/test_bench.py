@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import gc
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +103,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Pat
         codec="tiny", device="cpu", sizes=(4,), clip_seconds=0.5, repeats=1, warm_calls=0, ttfa_repeats=1,
         streams=(1,), conc_seconds=0.5, stagger=0.0, out=str(out), name="smoke",
     )  # fmt: skip
-    # The client library leaves its open_stream reply channel (an anyio memory stream pair) unclosed; the
-    # ResourceWarning surfaces whenever the garbage collector happens to run. Reported to the lead; it is
-    # not what this smoke run checks, so it is silenced here, for those two objects only.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Unclosed <MemoryObject", category=ResourceWarning)
-        result = asyncio.run(run(cfg, quiet=True))
-        gc.collect()
+    result = asyncio.run(run(cfg, quiet=True))
+    gc.collect()  # an unclosed resource of the run surfaces here, as an error (filterwarnings = error)
     return result, out
 
 
