@@ -26,7 +26,7 @@ import torch
 
 from .codecs import Codec
 from .engine import Engine, EngineStats, WarmupReport, WindowRequest, create_engine
-from .errors import EngineClosedError, ShapeError
+from .errors import ConfigError, EngineClosedError, ShapeError
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
 from .session import Job, StreamSession, Tile, as_latents
 
@@ -53,7 +53,9 @@ class StreamDecoder:
     ``min_emit``/``max_emit`` set the emission schedule (first tile, then doubling up to ``max_emit``);
     ``window_sizes`` the window lengths (default: one per emission size, ``left + emit + right``), which
     are also the shapes a GPU engine captures. ``engine`` defaults to :func:`create_engine` for the
-    codec's device, built with ``engine_options``.
+    codec's device, built with ``engine_options``. ``listener_prebuffer`` is how long a listener buffers
+    before playing (100 ms, as a browser AudioWorklet player does): it sets each stream's deadline, which
+    orders the engine's work and decides when ready frames are flushed below the emission target.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class StreamDecoder:
         window_sizes: Iterable[int] | None = None,
         engine: Engine | None = None,
         allow_non_finite: bool = False,
+        listener_prebuffer: float = 0.1,
         **engine_options: Any,
     ) -> None:
         self.codec = codec
@@ -75,6 +78,9 @@ class StreamDecoder:
         # Validates the policy once, with the numbers in the message, before any stream exists.
         self.window_sizes = self._planner(min_emit, max_emit, window_sizes).window_sizes
         self.allow_non_finite = allow_non_finite
+        if listener_prebuffer < 0:
+            raise ConfigError(f"listener_prebuffer must be >= 0 seconds, got {listener_prebuffer}")
+        self.listener_prebuffer = listener_prebuffer
         self.engine = engine if engine is not None else create_engine(codec, **engine_options)
         self._stats = DecoderStats()
         self._ids = itertools.count()
@@ -293,11 +299,13 @@ class TileStream(AsyncIterator[Tile]):
         )
 
     def _deadline(self) -> float:
-        """When this stream's listener runs out of audio: now, before the first tile."""
+        """When this stream's listener runs out of audio: now, before the first tile; after it, the
+        listener is assumed to start playing ``listener_prebuffer`` seconds after its first tile."""
         if self.first_audio_at is None:
             return time.monotonic()
-        played = self.session.completed_frames * self.decoder.codec.hop_size / self.decoder.codec.sample_rate
-        return self.first_audio_at + played
+        codec = self.decoder.codec
+        played = self.session.completed_frames * codec.hop_size / codec.sample_rate
+        return self.first_audio_at + self.decoder.listener_prebuffer + played
 
     def _free(self) -> None:
         if not self._closed:
