@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo test lint typecheck pytest bench-cpu clean
+.PHONY: help install demo test lint typecheck pytest bench-cpu bench clean
 
 help:
 	@echo "make demo   - create .venv if missing, install, stream a generated clip through the tiny codec"
@@ -40,6 +40,10 @@ test: lint typecheck pytest
 
 bench-cpu: $(STAMP)
 	$(PY) scripts/bench_cpu.py --out bench/results
+
+# The full benchmark (tile sweep, baselines, concurrency, plots); on a GPU host: streamdec bench --device cuda
+bench: $(STAMP)
+	$(VENV)/bin/streamdec bench --device cpu --threads 1 --max-point-s 20 --out bench/results
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis
