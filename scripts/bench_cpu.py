@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,15 +23,7 @@ from pathlib import Path
 import torch
 
 import streamdec
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from streamdec.bench.meta import git_commit
 
 
 def measure(codec: streamdec.Codec, window: int, repeats: int, warmup: int) -> list[float]:
@@ -82,7 +73,7 @@ def main() -> int:
         "what": "tiny codec eager decode per window on CPU",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": today,
-        "commit": _commit(),
+        "commit": git_commit(Path(__file__).resolve().parents[1])[0],
         "device": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamdec.bench.meta import git_commit
 from streamdec.codecs import Codec, load_codec
 from streamdec.engine.base import WindowRequest
 from streamdec.engine.cuda import CudaGraphEngine
@@ -139,7 +139,7 @@ class Bench:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "python": platform.python_version(),
-            "commit": args.commit or _git_commit(),
+            "commit": args.commit or git_commit(Path(__file__).resolve().parents[1])[0],
             "codec": args.codec,
             "dtype": "float32",
             "cudnn_conv_fp32_precision": str(
@@ -313,15 +313,6 @@ class Bench:
         }
         self.save()
         print(f"engine throughput: {self.result['engine']['throughput']}")
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("STREAMDEC_COMMIT", "unknown")
 
 
 def _order_compiled(windows: list[int], batches: list[int]) -> list[BucketKey]:

@@ -23,7 +23,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -36,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamdec.kernels.alias_free as af
+from streamdec.bench.meta import git_commit
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.engine.graphs import GraphTiers, TierOptions, static_forward
@@ -110,7 +110,7 @@ class Bench:
             "triton": triton.__version__,
             "cuda": torch.version.cuda,
             "python": platform.python_version(),
-            "commit": args.commit or _git_commit(),
+            "commit": args.commit or git_commit(Path(__file__).resolve().parents[1])[0],
             "codec": args.codec,
             "dtype": "float32",
             "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
@@ -300,15 +300,6 @@ class Bench:
             )
         del tiers
         torch.cuda.empty_cache()
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
