@@ -266,8 +266,10 @@ class TileStream(AsyncIterator[Tile]):
         """Seconds until ready frames must go out for the listener not to run dry; None: no need."""
         if self.first_audio_at is None or self.session.ready_frames == 0:
             return None
-        # Lead: the window's decode, twice over for jitter, plus 10 ms for the trip to the listener.
-        return self._deadline() - (2.0 * self._decode_s + 0.01) - time.monotonic()
+        # Lead: this stream's recent submit-to-result time (queueing behind other streams included),
+        # plus 10 ms for the trip to the listener. A larger lead flushes more often and, on a device
+        # whose decode time is near the audio a tile carries, costs more windows than it saves stalls.
+        return self._deadline() - (self._decode_s + 0.01) - time.monotonic()
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
