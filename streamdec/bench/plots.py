@@ -40,6 +40,27 @@ def _title(result: dict[str, Any]) -> str:
     return f"{m['codec']['name']} on {m['device_name']} (torch {m['torch']}, {m['date_utc'][:10]})"
 
 
+def _finish(
+    fig: Any,
+    axes: tuple[Any, ...],
+    ticks: list[int],
+    result: dict[str, Any],
+    path: Path,
+    plt: Any,
+    *,
+    legend_size: int = 8,
+) -> None:
+    """Log2 x-axis, grid and legend on every panel; title, layout, write ``path`` and free the figure."""  # fmt: skip
+    for ax in axes:
+        _log2_axis(ax, ticks)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.suptitle(_title(result))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _latency(result: dict[str, Any], path: Path, plt: Any) -> None:
     sizes = list(result["config"]["sizes"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
@@ -72,14 +93,7 @@ def _latency(result: dict[str, Any], path: Path, plt: Any) -> None:
         ylabel="ms",
         title="Time to first audio after the completing chunk (p50)",
     )
-    for ax in (ax1, ax2):
-        _log2_axis(ax, sizes)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(_title(result))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, (ax1, ax2), sizes, result, path, plt, legend_size=7)
 
 
 def _halo(result: dict[str, Any], path: Path, plt: Any) -> None:
@@ -104,14 +118,7 @@ def _halo(result: dict[str, Any], path: Path, plt: Any) -> None:
             title=f"Halo overhead, {result['config']['clip_seconds']:g} s clip")  # fmt: skip
     ax2.set(xlabel="emission size (frames)", ylabel="device µs per emitted frame", yscale="log",
             title="Streaming cost per emitted frame (real time = 20,000 µs)")  # fmt: skip
-    for ax in (ax1, ax2):
-        _log2_axis(ax, sizes)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(_title(result))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, (ax1, ax2), sizes, result, path, plt)
 
 
 def _quality(result: dict[str, Any], path: Path, plt: Any) -> None:
@@ -135,14 +142,7 @@ def _quality(result: dict[str, Any], path: Path, plt: Any) -> None:
             title="Error against the whole decode (higher is better)")  # fmt: skip
     ax2.set(xlabel="chunk / emission size (frames)", ylabel="dB",
             title="Click energy: error/signal within ±5 ms of seams (lower is better)")  # fmt: skip
-    for ax in (ax1, ax2):
-        _log2_axis(ax, sizes)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(_title(result))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, (ax1, ax2), sizes, result, path, plt)
 
 
 def _concurrency(result: dict[str, Any], path: Path, plt: Any) -> None:
@@ -171,14 +171,7 @@ def _concurrency(result: dict[str, Any], path: Path, plt: Any) -> None:
     ax2.set(xlabel="concurrent real-time streams", ylabel="streams", title="Streams with underruns")
     ax3.set(xlabel="concurrent real-time streams", ylabel="%", title=f"Device utilisation ({src})")
     streams = sorted({p["streams"] for name in ("decoder", "websocket") for p in conc.get(name) or []})
-    for ax in (ax1, ax2, ax3):
-        _log2_axis(ax, streams or [1])
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(_title(result))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, (ax1, ax2, ax3), streams or [1], result, path, plt)
 
 
 def write_plots(result: dict[str, Any], stem: Path) -> list[Path]:
