@@ -2,7 +2,7 @@
 
 Run on a CUDA machine (not a test: nothing here asserts a time)::
 
-    python scripts/bench_gpu.py --codec auk-24k --windows 70 126 318 --batches 1 16 64 \
+    python scripts/bench_gpu.py --codec auk-24k --precision tf32x3 --windows 70 126 318 --batches 1 16 64 \
         --out bench/results/h200-engine.json
 
 Writes one JSON (rewritten after every measurement, so a run cut short still leaves its figures) with the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import functools
 import json
 import os
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamdec.bench.meta import git_commit
 from streamdec.codecs import Codec, load_codec
+from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.base import WindowRequest
 from streamdec.engine.cuda import CudaGraphEngine
 from streamdec.engine.graphs import GraphTiers, TierOptions, static_forward
@@ -96,6 +98,8 @@ def floor_per_frame(name: str, frames: int = 318) -> dict[str, Any]:
     per["us_per_frame_memory_eager_traffic"] = eager_bytes / H200_BYTES_PER_S * 1e6
     for unit, rate in H200_FLOPS.items():
         per[f"us_per_frame_compute_{unit}"] = flops / rate * 1e6
+    # tf32x3 (streamdec.codecs.precision) multiplies three split operand pairs on the TF32 tensor cores
+    per["us_per_frame_compute_tf32x3"] = 3 * flops / H200_FLOPS["tf32_tensor"] * 1e6
     return per
 
 
@@ -130,6 +134,7 @@ class Bench:
         self.args = args
         self.began = time.monotonic()
         self.codec: Codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
+        self.codec.precision = args.precision
         self.forward = static_forward(self.codec)
         self.stream = torch.cuda.Stream()
         self.result: dict[str, Any] = {
@@ -142,18 +147,10 @@ class Bench:
             "commit": args.commit or git_commit(Path(__file__).resolve().parents[1])[0],
             "codec": args.codec,
             "dtype": "float32",
-            "cudnn_conv_fp32_precision": str(
-                getattr(
-                    getattr(torch.backends.cudnn, "conv", None),
-                    "fp32_precision",
-                    torch.backends.cudnn.allow_tf32,
-                )
-            ),
-            "matmul_fp32_precision": str(
-                getattr(torch.backends.cuda.matmul, "fp32_precision", torch.backends.cuda.matmul.allow_tf32)
-            ),
+            "precision": args.precision,
             "timing": "CUDA events around each call on a side stream, after warm-up; median of reps",
             "floor": floor_per_frame(args.codec),
+            "accuracy": {},
             "shapes": [],
             "compile": [],
             "engine": {},
@@ -167,6 +164,24 @@ class Bench:
     def save(self) -> None:
         Path(self.args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(self.args.out).write_text(json.dumps(self.result, indent=2) + "\n")
+
+    def accuracy(self, batch: int = 2, frames: int = 70) -> None:
+        """Eager decode error of each precision against a float64 decode of the same weights."""
+        z = self.inputs(batch, frames, 7)
+        exact = copy.deepcopy(self.codec).double()
+        exact.precision = "fp32"
+        exact.refresh_cache()
+        with torch.inference_mode(), exact.numerics():
+            truth = static_forward(exact)(z.double())
+        del exact
+        for precision in PRECISIONS:
+            self.codec.precision = precision
+            with torch.inference_mode(), self.codec.numerics():
+                out = self.forward(z)
+            self.result["accuracy"][precision] = {"shape": f"{batch}x{frames}", **_errors(truth, out)}
+            print(f"accuracy {precision:7s}: {self.result['accuracy'][precision]}")
+        self.codec.precision = self.args.precision
+        self.save()
 
     def inputs(self, batch: int, frames: int, seed: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed)
@@ -336,12 +351,10 @@ def main() -> None:
     parser.add_argument("--latency-reps", type=int, default=40)
     parser.add_argument("--throughput-window", type=int, default=126)
     parser.add_argument("--throughput-streams", type=int, default=64)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["plain", "compiled", "engine"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["accuracy", "plain", "compiled", "engine"])
     parser.add_argument("--floor-only", action="store_true", help="print the FLOP/byte floor (CPU) and exit")
     parser.add_argument("--commit", default=None)
-    parser.add_argument(
-        "--strict-fp32", action="store_true", help="turn TF32 off for convolutions and matmuls (true fp32)"
-    )
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the codec's precision")
     parser.add_argument("--eager-with-compiled", action="store_true", help="time eager next to each compiled")
     parser.add_argument("--inductor-cache-dir", default=None)
     parser.add_argument("--out", default="bench/results/gpu-engine.json")
@@ -349,22 +362,22 @@ def main() -> None:
     if args.floor_only:
         print(json.dumps(floor_per_frame(args.codec), indent=2))
         return
-    if args.strict_fp32:
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
     if args.inductor_cache_dir:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache_dir
     bench = Bench(args)
     print(json.dumps(bench.result["floor"], indent=2))
-    if "engine" not in args.skip:
+    if "accuracy" not in args.skip:
+        bench.accuracy()
+    if "engine" not in args.skip:  # the engine applies the codec's numerics itself
         asyncio.run(bench.engine_overheads())
         asyncio.run(bench.engine_throughput())
-    if "plain" not in args.skip:
-        for w in args.windows:
-            for b in args.batches:
-                bench.eager_and_graph(BucketKey(b, w))
-    if "compiled" not in args.skip:
-        bench.compiled(_order_compiled(args.windows, args.compiled_batches or args.batches))
+    with bench.codec.numerics():  # eager calls, captures and compiles all at the codec's precision
+        if "plain" not in args.skip:
+            for w in args.windows:
+                for b in args.batches:
+                    bench.eager_and_graph(BucketKey(b, w))
+        if "compiled" not in args.skip:
+            bench.compiled(_order_compiled(args.windows, args.compiled_batches or args.batches))
     bench.result["total_seconds"] = bench.elapsed()
     bench.save()
     print(f"done in {bench.elapsed():.0f} s -> {args.out}")

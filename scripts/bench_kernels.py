@@ -38,6 +38,7 @@ import streamdec.kernels.alias_free as af
 from streamdec.bench.meta import git_commit
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.layers import AliasFreeActivation
+from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.graphs import GraphTiers, TierOptions, static_forward
 from streamdec.engine.scheduler import BucketKey
 from streamdec.kernels import set_fused
@@ -113,7 +114,7 @@ class Bench:
             "commit": args.commit or git_commit(Path(__file__).resolve().parents[1])[0],
             "codec": args.codec,
             "dtype": "float32",
-            "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+            "precision": args.precision,
             "timing": "CUDA events, median of reps after warm-up; graph replays on the engine's stream",
             "layers": [],
             "decode_errors": [],
@@ -188,9 +189,8 @@ class Bench:
 
     def decode_errors(self, codec: Codec) -> None:
         z = torch.randn(2, 70, codec.latent_dim, generator=torch.Generator().manual_seed(9))
-        default_tf32 = torch.backends.cudnn.allow_tf32
-        for tf32 in (False, True):
-            torch.backends.cudnn.allow_tf32 = tf32
+        for precision in PRECISIONS:
+            codec.precision = precision
             set_fused(codec, False)
             ref = codec.decode(z)
             set_fused(codec, True)
@@ -199,7 +199,7 @@ class Bench:
                 out = codec.decode(z)
                 row = {
                     "variant": variant,
-                    "cudnn_tf32": tf32,
+                    "precision": precision,
                     "batch": 2,
                     "window": 70,
                     "max_abs_err": float((out - ref).abs().max()),
@@ -207,7 +207,7 @@ class Bench:
                 }
                 self.result["decode_errors"].append(row)
                 print(row)
-        torch.backends.cudnn.allow_tf32 = default_tf32
+        codec.precision = self.args.precision
         self.save()
 
     def tiers(self, codec: Codec, forward: Any, compile: bool, stream: torch.cuda.Stream) -> GraphTiers:
@@ -239,7 +239,7 @@ class Bench:
                 self.save()
                 continue
             began = time.perf_counter()
-            with torch.inference_mode(), torch.cuda.stream(stream):
+            with torch.inference_mode(), torch.cuda.stream(stream), codec.numerics():
                 notes = tiers.warm([key])
                 seconds = time.perf_counter() - began
                 graph = tiers.buckets.get(key)
@@ -313,6 +313,7 @@ def main() -> None:
     parser.add_argument("--key-budget-s", type=float, default=400.0, help="start no bucket after this")
     parser.add_argument("--variants", nargs="+", default=["blocked", "staged"], help="best first")
     parser.add_argument("--skip", nargs="*", default=[], choices=["layers", "plain", "compiled", "reference"])
+    parser.add_argument("--precision", default="tf32x3", choices=PRECISIONS, help="the codec's precision")
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", default="bench/results/kernels.json")
     args = parser.parse_args()
@@ -323,6 +324,7 @@ def main() -> None:
     if "layers" not in args.skip:
         bench.layers(keys)
     codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
+    codec.precision = args.precision
     bench.decode_errors(codec)
     # Most valuable first: the best fused kernel's figures, then the reference ("before"), then the others.
     best, *others = args.variants

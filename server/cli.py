@@ -18,6 +18,7 @@ __all__ = ["configure_serve", "run_serve"]
 def configure_serve(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamdec serve`` arguments to ``parser``."""
     from streamdec.cli import add_codec_arguments
+    from streamdec.codecs.precision import PRECISIONS
 
     defaults = ServerConfig()
     add_codec_arguments(parser)  # --codec, --device, --dtype: as every codec-loading command
@@ -36,8 +37,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="seconds a listener may read nothing before it is closed with 1013")  # fmt: skip
     parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
     parser.add_argument("--max-emit", type=int, default=64, help="largest tile, in frames")
-    parser.add_argument("--tf32", action="store_true",
-                        help="CUDA: TF32 convolutions (about 2-3x faster, output moves by ~1e-3; off: exact fp32)")  # fmt: skip
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="CUDA convolutions: fp32 (exact, slowest), tf32x3 (fp32-accurate on tensor cores, "
+                             "default on CUDA) or tf32 (fastest, output moves by ~1e-3)")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
@@ -64,11 +66,12 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     from .app import StreamServer
 
     codec = load_codec_from_args(args)
-    codec.allow_tf32 = args.tf32
+    on_cuda = codec.pad_latent.device.type == "cuda"
+    codec.precision = args.precision or ("tf32x3" if on_cuda else "fp32")
     # On CUDA: warm every bucket at start-up, then freeze; a shape nobody warmed (a clip shorter than the
     # smallest window) is decoded eagerly and counted, never captured mid-serving.
     cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
-    options = cuda_options if codec.pad_latent.device.type == "cuda" else {}
+    options = cuda_options if on_cuda else {}
     async with streamdec.StreamDecoder(
         codec, min_emit=args.min_emit, max_emit=args.max_emit, **options
     ) as decoder:

@@ -1,7 +1,7 @@
 """Each zoo family through StreamDecoder on a GPU (plain graphs and compiled buckets), equal to offline.
 
-Runs only where CUDA is available (the ``cuda`` marker). TF32 stays off (the codecs' default numerics), so
-the tolerances are about the engine: plain graphs replay the eager arithmetic; compiled buckets may fuse
+Runs only where CUDA is available (the ``cuda`` marker). Precisions fp32 and tf32x3 (both float32-accurate),
+so the tolerances are about the engine: plain graphs replay the eager arithmetic; compiled buckets may fuse
 differently (1e-4, the project's compiled tolerance).
 """
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from streamdec.codecs import Codec, load_codec
+from streamdec.codecs.precision import Precision
 from streamdec.engine.cuda import CudaGraphEngine
 from streamdec.streaming import StreamDecoder
 
@@ -42,11 +43,16 @@ async def _streams(
         return list(await asyncio.gather(*(one(i) for i in range(len(clips)))))
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "compiled"])
+@pytest.mark.parametrize(
+    ("compile", "precision"),
+    [(False, "fp32"), (False, "tf32x3"), (True, "fp32")],
+    ids=["graphs", "graphs-tf32x3", "compiled"],
+)
 @pytest.mark.parametrize("name", FAMILIES)
-def test_family_streams_on_cuda_equal_offline(name: str, compile: bool) -> None:
+def test_family_streams_on_cuda_equal_offline(name: str, compile: bool, precision: Precision) -> None:
     """Eight concurrent streams of one family, batched on the GPU, equal each whole-clip decode."""
     codec = load_codec(name, device="cuda")
+    codec.precision = precision
     gen = torch.Generator().manual_seed(0)
     clips = [torch.randn(20 + 13 * i, codec.latent_dim, generator=gen) for i in range(8)]
     engine = CudaGraphEngine(codec, compile=compile, batch_buckets=(1, 2, 4, 8))

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..codecs.precision import PRECISIONS
 from .config import BenchConfig
 from .engines import TIERS
 
@@ -44,6 +45,7 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     a("--codec", help="preset or checkpoint (default: auk-24k on CUDA, tiny on the CPU)")
     a("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     a("--dtype", default=d.dtype, choices=("float32", "float16", "bfloat16"))
+    a("--precision", choices=PRECISIONS, help="CUDA convolutions (default CUDA: tf32x3, CPU: fp32)")
     a("--sizes", type=_ints, help=f"emission sizes in frames (default {','.join(map(str, d.sizes))})")
     a(
         "--tiers",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..codecs.precision import check_precision
 from ..errors import ConfigError
 from .engines import TIERS
 
@@ -19,6 +20,7 @@ class BenchConfig:
     codec: str = "tiny"
     device: str = "cpu"
     dtype: str = "float32"
+    precision: str = "fp32"
     sizes: tuple[int, ...] = POWERS
     tiers: tuple[str, ...] = ("eager",)
     compiled_sizes: tuple[int, ...] = (8, 64)
@@ -55,6 +57,7 @@ class BenchConfig:
             values = getattr(self, name)
             if not values or min(values) < 1:
                 raise ConfigError(f"{name}={values}: need at least one value, every one >= 1")
+        check_precision(self.precision)
         bad = [t for t in (*self.tiers, self.conc_tier) if t not in TIERS]
         if bad:
             raise ConfigError(f"unknown tier(s) {bad}: pick from {TIERS}")
@@ -73,10 +76,11 @@ class BenchConfig:
 
     @classmethod
     def for_device(cls, device: str) -> dict[str, object]:
-        """Defaults that differ by device: the real codec and every tier on CUDA, ``tiny`` on the CPU."""
+        """Defaults that differ by device: the real codec, tf32x3 and every tier on CUDA, ``tiny`` on the CPU."""
         if device.startswith("cuda"):
             return {
                 "codec": "auk-24k",
+                "precision": "tf32x3",
                 "tiers": ("graph", "eager", "compiled"),
                 "conc_tier": "graph",
                 "streams": (1, 2, 4, 8, 16, 32, 64, 128),

@@ -82,10 +82,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "load_average_start": _load_average(),
         "platform": platform.platform(),
-        # Switches that change what is measured (fused kernels, graph/compile escape hatches, TF32).
+        # Switches that change what is measured (fused kernels, graph/compile escape hatches); the TF32
+        # policy is the codec's precision, recorded with the codec.
         "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
-        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
     }
     try:
         from streamdec.kernels import alias_free

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..codecs import Codec, load_codec
+from ..codecs.precision import check_precision
 from ..engine import Engine
 from .baselines import run_baselines
 from .common import Budget, Latents, Progress
@@ -86,6 +87,7 @@ def _codec_info(codec: Codec) -> dict[str, Any]:
         "channels": codec.channels,
         "context": [left, right],
         "dtype": str(codec.pad_latent.dtype),
+        "precision": codec.precision,
     }
 
 
@@ -137,6 +139,7 @@ class _Run:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         codec = load_codec(cfg.codec, device=self.device, dtype=_DTYPES[cfg.dtype])
+        codec.precision = check_precision(cfg.precision)
         meta = environment(self.device)
         meta["codec"] = _codec_info(codec)
         self.result = {

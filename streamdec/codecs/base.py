@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, frame_context
-from streamdec.codecs.layers import refresh_caches
+from streamdec.codecs.layers import refresh_caches, set_split_convs
+from streamdec.codecs.precision import Precision, check_precision
 from streamdec.errors import DTypeError, ShapeError
 
 __all__ = ["Codec", "ConfiguredCodec"]
@@ -42,10 +43,6 @@ class Codec(nn.Module, abc.ABC):
     """
 
     family: ClassVar[str]
-    #: TF32 for this codec's convolutions and matmuls on CUDA. Off by default: TF32 rounds operands to a
-    #: 10-bit mantissa, which moves AuK output by about 1e-3 and breaks "streamed equals offline" at 1e-4.
-    #: Set True to trade that exactness for speed.
-    allow_tf32: bool = False
     global_mean: Tensor
     global_log_std: Tensor
 
@@ -59,6 +56,7 @@ class Codec(nn.Module, abc.ABC):
         self.register_buffer("global_mean", torch.zeros(latent_dim))
         self.register_buffer("global_log_std", torch.ones(latent_dim))
         self._context: tuple[int, int] | None = None
+        self._precision: Precision = "fp32"
 
     # -- what a family implements -------------------------------------------------------------------
 
@@ -103,9 +101,25 @@ class Codec(nn.Module, abc.ABC):
         """``z * sqrt(global_log_std) + global_mean`` over the last (latent) dimension."""
         return z * torch.sqrt(self.global_log_std) + self.global_mean
 
+    @property
+    def precision(self) -> Precision:
+        """How convolutions use a GPU's matrix units: ``"fp32"`` (default), ``"tf32x3"`` or ``"tf32"``.
+
+        ``"tf32x3"`` is float32-accurate on TF32 tensor cores and costs three times the conv weights'
+        memory; ``"tf32"`` is faster and moves the output by about 1e-3 (:mod:`streamdec.codecs.precision`).
+        Setting it takes effect at the next eager call or compile; captured graphs keep what they captured.
+        """
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: Precision) -> None:
+        checked = check_precision(value)
+        set_split_convs(self, checked == "tf32x3")
+        self._precision = checked
+
     @contextlib.contextmanager
     def numerics(self) -> Iterator[None]:
-        """Apply this codec's precision policy (:attr:`allow_tf32`) to cuDNN and cuBLAS, then restore.
+        """Apply this codec's :attr:`precision` to cuDNN and cuBLAS, then restore.
 
         The flags are process-wide in PyTorch: every decode of this codec (eager calls, graph captures,
         compiles) runs inside this context so that all of them compute the same function.
@@ -115,7 +129,9 @@ class Codec(nn.Module, abc.ABC):
             return
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
         saved = cudnn.allow_tf32, matmul.allow_tf32
-        cudnn.allow_tf32 = matmul.allow_tf32 = self.allow_tf32
+        # tf32x3 needs TF32 convolutions (its operands are split to be exact in TF32); matmuls stay fp32
+        cudnn.allow_tf32 = self._precision != "fp32"
+        matmul.allow_tf32 = self._precision == "tf32"
         try:
             yield
         finally:

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval, through
+from streamdec.codecs.precision import split_input, split_weight
+from streamdec.errors import ConfigError
 
 
 def _fused_rule() -> Callable[[Tensor], bool] | None:
@@ -48,6 +51,12 @@ def _fused_rule() -> Callable[[Tensor], bool] | None:
 
 _fused_supported = _fused_rule()
 
+
+def _takes_split(x: Tensor) -> bool:
+    """Whether a tf32x3 layer splits this input: TF32 exists only on CUDA, and only float32 is split."""
+    return x.is_cuda and x.dtype == torch.float32
+
+
 __all__ = [
     "FILTER_CUTOFF",
     "FILTER_HALF_WIDTH",
@@ -60,8 +69,10 @@ __all__ = [
     "Pointwise",
     "Snake",
     "SnakeBeta",
+    "SplitConv",
     "kaiser_sinc_filter",
     "refresh_caches",
+    "set_split_convs",
 ]
 
 FILTER_TAPS = 12
@@ -96,12 +107,46 @@ def kaiser_sinc_filter(
     return filt / filt.sum()
 
 
-class PaddedConv1d(nn.Conv1d):
+class SplitConv(nn.Module):
+    """What this package's conv layers share: the ``"tf32x3"`` path (:mod:`streamdec.codecs.precision`).
+
+    ``split_weight`` is None (plain convolution) until :meth:`set_split` caches ``[w_hi, w_lo, w_hi]``;
+    from then on a CUDA float32 input is convolved as ``[x_hi, x_hi, x_lo]`` against it, in one call.
+    The cache is non-persistent (never in a checkpoint) and :func:`refresh_caches` rebuilds it after a
+    weight change.
+    """
+
+    #: Input-channel axis of the weight: 1 for ``[Cout, Cin, k]`` (conv), 0 for ``[Cin, Cout, k]`` (transpose).
+    weight_in_dim: ClassVar[int]
+    weight: Tensor
+    groups: int
+    split_weight: Tensor | None
+
+    def set_split(self, enabled: bool) -> None:
+        if enabled and self.groups != 1:
+            raise ConfigError(
+                f"{type(self).__name__} has groups={self.groups}; the tf32x3 precision stacks input channels "
+                f"and supports groups=1 only; use precision 'fp32'"
+            )
+        self.split_weight = split_weight(self.weight, self.weight_in_dim) if enabled else None
+
+    def refresh_split(self) -> None:
+        if self.split_weight is not None:
+            self.set_split(True)
+
+    def splits(self, x: Tensor) -> bool:
+        """Whether this call takes the split path: it is cached, and ``x`` is CUDA float32."""
+        return self.split_weight is not None and _takes_split(x)
+
+
+class PaddedConv1d(SplitConv, nn.Conv1d):
     """Conv1d with explicit zero padding: ``pad_left`` before and ``pad_right`` after the input.
 
     ``causal(...)`` pads ``(k-1)*d`` on the left only (length preserved, no lookahead); ``centred(...)``
     pads ``(k-1)//2`` on both sides (odd ``k``).
     """
+
+    weight_in_dim = 1
 
     def __init__(
         self,
@@ -117,6 +162,7 @@ class PaddedConv1d(nn.Conv1d):
         super().__init__(in_channels, out_channels, kernel_size, dilation=dilation, bias=bias)
         self.pad_left = pad_left
         self.pad_right = pad_right
+        self.register_buffer("split_weight", None, persistent=False)
 
     @classmethod
     def causal(
@@ -131,7 +177,10 @@ class PaddedConv1d(nn.Conv1d):
         return cls(cin, cout, kernel, pad_left=(kernel - 1) // 2, pad_right=(kernel - 1) // 2, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
-        return super().forward(F.pad(x, (self.pad_left, self.pad_right)))
+        x = F.pad(x, (self.pad_left, self.pad_right))
+        if self.split_weight is not None and self.splits(x):
+            return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
+        return super().forward(x)
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_interval(
@@ -139,18 +188,38 @@ class PaddedConv1d(nn.Conv1d):
         )
 
 
-class CausalConvTranspose1d(nn.ConvTranspose1d):
+class _SplitConvTranspose1d(SplitConv, nn.ConvTranspose1d):
+    """``nn.ConvTranspose1d`` (torch's ``padding`` crop included) with the tf32x3 path."""
+
+    weight_in_dim = 0
+
+    def convolve(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, (T-1)*s - 2*padding + k]
+        if self.split_weight is not None and self.splits(x):
+            return F.conv_transpose1d(
+                split_input(x), self.split_weight, self.bias, self.stride,
+                cast(tuple[int, ...], self.padding), self.output_padding, 1, self.dilation,
+            )  # fmt: skip
+        return super().forward(x)
+
+    def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:
+        if output_size is not None:
+            raise ValueError(f"{type(self).__name__} has a fixed output length; drop output_size")
+        return self.convolve(x)
+
+
+class CausalConvTranspose1d(_SplitConvTranspose1d):
     """ConvTranspose1d (no padding) whose last ``kernel - stride`` outputs are dropped: ``T -> T*stride``."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         if kernel_size < stride:
             raise ValueError(f"kernel_size={kernel_size} < stride={stride} would leave gaps")
         super().__init__(in_channels, out_channels, kernel_size, stride=stride)
+        self.register_buffer("split_weight", None, persistent=False)
 
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:  # [B,Cin,T] -> [B,Cout,T*s]
         if output_size is not None:
             raise ValueError("CausalConvTranspose1d always returns T*stride samples; drop output_size")
-        y = super().forward(x)
+        y = self.convolve(x)
         return y[..., : x.shape[-1] * self.stride[0]]
 
     def input_interval(self, lo: int, hi: int) -> Interval:
@@ -241,6 +310,7 @@ class AliasFreeActivation(nn.Module):
     def __init__(self, channels: int, *, causal: bool = True, act: SnakeBeta | None = None) -> None:
         super().__init__()
         self.use_fused = True
+        self.split_filters = False  # the tf32x3 precision: filter convolutions split like SplitConv's
         self.causal = causal
         self.down_pad = (_DOWN_PAD, 0) if causal else _DOWN_PAD_CENTRED
         self.act = act if act is not None else SnakeBeta(channels)
@@ -290,10 +360,17 @@ class AliasFreeActivation(nn.Module):
         batch, channels, length = x.shape
         flat = x.reshape(batch * channels, 1, length)
         up = F.pad(flat, (_UP_PAD, _UP_PAD), mode="replicate")
-        up = 2.0 * F.conv_transpose1d(up, self.filter, stride=2)[..., _UP_CROP:-_UP_CROP]
+        up = 2.0 * self._filter(up, transposed=True)[..., _UP_CROP:-_UP_CROP]
         up = self.act(up.view(batch, channels, 2 * length)).view(batch * channels, 1, 2 * length)
-        down = F.conv1d(F.pad(up, self.down_pad, mode="replicate"), self.filter, stride=2)
+        down = self._filter(F.pad(up, self.down_pad, mode="replicate"), transposed=False)
         return down.view(batch, channels, length)
+
+    def _filter(self, x: Tensor, *, transposed: bool) -> Tensor:  # stride-2 filter, [N, 1, T]
+        conv = F.conv_transpose1d if transposed else F.conv1d
+        if self.split_filters and _takes_split(x):
+            # 12 taps: splitting them per call costs less than caching two more buffers per activation
+            return conv(split_input(x), split_weight(self.filter, 0 if transposed else 1), stride=2)
+        return conv(x, self.filter, stride=2)
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return through([_Upsample2Geometry(), self.act, _Downsample2Geometry(self.down_pad[0])], lo, hi)
@@ -308,7 +385,7 @@ class _Upsample2Geometry:
         )
 
 
-class PaddedConvTranspose1d(nn.ConvTranspose1d):
+class PaddedConvTranspose1d(_SplitConvTranspose1d):
     """``nn.ConvTranspose1d`` with torch's ``padding``: ``padding`` outputs cropped from each side.
 
     Length ``T -> (T-1)*stride - 2*padding + kernel``; DAC, Oobleck and BigVGAN use ``kernel = 2*stride``
@@ -319,6 +396,7 @@ class PaddedConvTranspose1d(nn.ConvTranspose1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int, padding: int,
                  *, bias: bool = True) -> None:  # fmt: skip
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
+        self.register_buffer("split_weight", None, persistent=False)
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_transpose_interval(
@@ -352,7 +430,33 @@ class GeoSequential(nn.Sequential):
 
 
 def refresh_caches(module: nn.Module) -> None:
-    """Call ``refresh_cache()`` on every submodule that has one (after loading or a dtype change)."""
+    """Rebuild every derived buffer (activation caches, tf32x3 split weights) after loading or a dtype change."""
     for sub in module.modules():
         if isinstance(sub, (AliasFreeActivation, SnakeBeta)):
             sub.refresh_cache()
+        elif isinstance(sub, SplitConv):
+            sub.refresh_split()
+
+
+def set_split_convs(module: nn.Module, enabled: bool) -> None:
+    """Switch every convolution in ``module`` to the tf32x3 split path, or back to plain.
+
+    Raises :class:`ConfigError` (and changes nothing) when enabling finds a convolution module that is
+    not a :class:`SplitConv`: under the TF32 flag that split precision sets, it would silently run in TF32.
+    """
+    if enabled:
+        foreign = [
+            f"{name or '<root>'} ({type(sub).__name__})"
+            for name, sub in module.named_modules()
+            if isinstance(sub, nn.modules.conv._ConvNd) and not isinstance(sub, SplitConv)
+        ]
+        if foreign:
+            raise ConfigError(
+                f"precision 'tf32x3' needs streamdec's conv layers, but these are other convolutions: "
+                f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}; use 'fp32' (exact) or 'tf32'"
+            )
+    for sub in module.modules():
+        if isinstance(sub, SplitConv):
+            sub.set_split(enabled)
+        elif isinstance(sub, AliasFreeActivation):
+            sub.split_filters = enabled

@@ -1,0 +1,94 @@
+"""The three precisions on a real GPU, for auk-24k: accuracy against float64, and graphs against eager.
+
+Runs only where CUDA is available (the ``cuda`` marker). The figures each test prints are the ones the
+README quotes; scripts/bench_gpu.py times the same precisions.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from streamdec.codecs import Codec, load_codec
+from streamdec.codecs.precision import Precision
+from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.graphs import static_forward
+from streamdec.engine.scheduler import BucketKey
+
+pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def auk() -> Iterator[Codec]:
+    codec = load_codec("auk-24k", device="cuda", dtype=torch.float32)
+    yield codec
+    del codec
+    torch.cuda.empty_cache()
+
+
+def _latents(batch: int, frames: int, seed: int) -> torch.Tensor:
+    return torch.randn(batch, frames, 64, generator=torch.Generator().manual_seed(seed)).cuda()
+
+
+def _eager(codec: Codec, z: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode(), codec.numerics():
+        return static_forward(codec)(z)
+
+
+def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    noise = (out.double() - ref.double()).pow(2).sum().clamp_min(1e-300)
+    return float(10 * torch.log10(ref.double().pow(2).sum() / noise))
+
+
+def test_tf32x3_is_as_accurate_as_fp32(auk: Codec) -> None:
+    """Against a float64 decode of the same weights: tf32x3 within a small multiple of fp32's own error."""
+    z = _latents(2, 70, 1)
+    exact = copy.deepcopy(auk).double()
+    exact.refresh_cache()
+    truth = _eager(exact, z.double())
+    del exact
+    errors: dict[Precision, tuple[float, float]] = {}
+    for precision in ("fp32", "tf32x3", "tf32"):
+        auk.precision = precision
+        out = _eager(auk, z)
+        errors[precision] = (float((out.double() - truth).abs().max()), _snr_db(truth, out))
+        print(f"auk-24k 2x70 {precision:7s} vs float64: max abs {errors[precision][0]:.3g}, "
+              f"SNR {errors[precision][1]:.1f} dB")  # fmt: skip
+    auk.precision = "fp32"
+    assert errors["tf32x3"][0] <= 4 * errors["fp32"][0]
+    assert errors["tf32x3"][1] >= errors["fp32"][1] - 12.0  # 12 dB = the 4x in amplitude
+    assert errors["tf32"][0] > 10 * errors["tf32x3"][0]  # TF32 really ran: the split is what saves it
+
+
+@pytest.mark.filterwarnings("ignore")  # Inductor/Triton internals may warn; not the engine's warnings
+async def test_tf32x3_graphs_match_eager(auk: Codec) -> None:
+    """tf32x3: a plain graph replays eager bit for bit; a compiled one is within 1e-4 and 70 dB of fp32."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        auk.precision = "fp32"
+        z = _latents(1, 70, 2)
+        fp32 = _eager(auk, z)
+        auk.precision = "tf32x3"
+        eager = _eager(auk, z)
+        for compile in (False, True):
+            engine = CudaGraphEngine(auk, compile=compile, batch_buckets=(1,))
+            report = await engine.warmup((70,))
+            graph = engine.tiers.buckets[BucketKey(1, 70)]
+            assert graph.tier == ("compiled" if compile else "graph"), report.notes
+            with torch.inference_mode():
+                graph.static_in.copy_(z)
+                graph.graph.replay()
+                torch.cuda.synchronize()
+                out = graph.static_out.clone()
+            await engine.aclose()
+            if not compile:
+                assert torch.equal(out, eager)
+            for ref in (eager, fp32):
+                err, snr = float((out - ref).abs().max()), _snr_db(ref, out)
+                print(f"auk-24k 1x70 tf32x3 {graph.tier} vs eager: max abs {err:.3g}, SNR {snr:.1f} dB")
+                assert err <= 1e-4 and snr >= 70.0
+    auk.precision = "fp32"
