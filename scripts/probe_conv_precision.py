@@ -1,0 +1,112 @@
+"""Per-convolution error of each precision against float64, on a real GPU (a diagnostic, not a benchmark).
+
+For every conv layer of a codec, on the input it sees in a float32 decode of random latents, prints and
+writes the error (max abs over the layer's output peak) of: plain fp32, plain TF32, the tf32x3 split
+through cuDNN (heuristic algorithm choice, then ``cudnn.benchmark``), and the same split as an explicit
+im2col GEMM through cuBLAS (plain convolutions only). Run::
+
+    python scripts/probe_conv_precision.py --codec auk-24k --frames 70 --out probe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from streamdec.codecs import load_codec
+from streamdec.codecs.layers import PaddedConv1d, SplitConv
+from streamdec.codecs.precision import split_input, split_weight
+
+
+def _conv(m: SplitConv, x: Tensor, w: Tensor) -> Tensor:
+    """The layer's convolution (padding already applied for PaddedConv1d) with weight ``w``, no bias."""
+    if isinstance(m, PaddedConv1d):
+        return F.conv1d(x, w, None, m.stride, 0, m.dilation)
+    return F.conv_transpose1d(x, w, None, m.stride, m.padding, m.output_padding, 1, m.dilation)  # type: ignore[arg-type]
+
+
+def _im2col_gemm(m: PaddedConv1d, x: Tensor, w: Tensor) -> Tensor:
+    """conv1d as one GEMM over unfolded patches: [B, T_out, Cin*k] @ [Cin*k, Cout] (cuBLAS, no cuDNN)."""
+    k, d, s = m.kernel_size[0], m.dilation[0], m.stride[0]
+    patches = x.unfold(-1, (k - 1) * d + 1, s)[..., ::d]  # [B, Cin, T_out, k]
+    cols = patches.permute(0, 2, 1, 3).reshape(x.shape[0], patches.shape[2], -1)
+    return (cols @ w.reshape(w.shape[0], -1).T).transpose(1, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--codec", default="auk-24k")
+    parser.add_argument("--frames", type=int, default=70)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--device", default="cuda", help="cpu runs the same code (no TF32 there)")
+    parser.add_argument("--out", default="probe.json")
+    args = parser.parse_args()
+    codec = load_codec(args.codec, device=args.device, dtype=torch.float32)
+    inputs: dict[str, Tensor] = {}
+    hooks = []
+    for name, m in codec.named_modules():
+        if isinstance(m, SplitConv):
+            pad = (m.pad_left, m.pad_right) if isinstance(m, PaddedConv1d) else (0, 0)
+            hooks.append(m.register_forward_pre_hook(
+                lambda mod, a, name=name, pad=pad: inputs.__setitem__(name, F.pad(a[0], pad).detach().clone())
+            ))  # fmt: skip
+    z = torch.randn(args.batch, args.frames, codec.latent_dim, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        codec.decode(z)
+    for h in hooks:
+        h.remove()
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    rows: list[dict[str, Any]] = []
+    modules = dict(codec.named_modules())
+    with torch.inference_mode():
+        for name, x in inputs.items():
+            m = modules[name]
+            assert isinstance(m, SplitConv)
+            w = m.weight.detach()
+            truth = _conv(m, x.double(), w.double())
+            peak = float(truth.abs().max())
+
+            def rel(out: Tensor, truth: Tensor = truth, peak: float = peak) -> float:
+                return float((out.double() - truth).abs().max()) / peak
+
+            row: dict[str, Any] = {"layer": name, "input": list(x.shape), "weight": list(w.shape)}
+            x3, w3 = split_input(x), split_weight(w, m.weight_in_dim)
+            for label, tf32, bench, (xi, wi) in [
+                ("fp32", False, False, (x, w)),
+                ("tf32", True, False, (x, w)),
+                ("tf32x3_cudnn", True, False, (x3, w3)),
+                ("tf32x3_cudnn_benchmark", True, True, (x3, w3)),
+            ]:
+                cudnn.allow_tf32, cudnn.benchmark = tf32, bench
+                row[label] = rel(_conv(m, xi, wi))
+            if isinstance(m, PaddedConv1d):
+                matmul.allow_tf32 = False
+                row["gemm_fp32"] = rel(_im2col_gemm(m, x, w))
+                matmul.allow_tf32 = True
+                row["tf32x3_gemm"] = rel(_im2col_gemm(m, x3, w3))
+                matmul.allow_tf32 = False
+            cudnn.allow_tf32, cudnn.benchmark = False, False
+            rows.append(row)
+            print(" ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    worst = {k: max(r[k] for r in rows if k in r) for k in rows[0] if k not in {"layer", "input", "weight"}}
+    print("worst relative error per method:", json.dumps(worst))
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
+    meta = {"device": device, "torch": torch.__version__, "cudnn": cudnn.version()}
+    Path(args.out).write_text(
+        json.dumps({"meta": meta, "args": vars(args), "worst": worst, "rows": rows}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
