@@ -313,7 +313,7 @@ def main() -> None:
     parser.add_argument("--key-budget-s", type=float, default=400.0, help="start no bucket after this")
     parser.add_argument("--variants", nargs="+", default=["blocked", "staged"], help="best first")
     parser.add_argument("--skip", nargs="*", default=[], choices=["layers", "plain", "compiled", "reference"])
-    parser.add_argument("--precision", default="tf32x3", choices=PRECISIONS, help="the codec's precision")
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the codec's precision")
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", default="bench/results/kernels.json")
     args = parser.parse_args()

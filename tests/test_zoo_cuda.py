@@ -60,7 +60,9 @@ def test_family_streams_on_cuda_equal_offline(name: str, compile: bool, precisio
     outs = asyncio.run(_streams(codec, engine, clips, (16, 16) if compile else (4, 32)))
     if compile:  # a failed compile falls back to plain graphs: make sure this test measured compiled ones
         assert engine.stats.by_tier.get("compiled", 0) > 0, engine.stats.by_tier
-    tol = 1e-4 if compile else 1e-5
+    # Plain graphs replay eager arithmetic, but the whole clip is another shape, which cuDNN may compute with
+    # another kernel: 1e-5 covers that in fp32; tf32x3's accumulation error (~1e-5) needs the 1e-4 budget.
+    tol = 1e-4 if compile or precision == "tf32x3" else 1e-5
     for clip, out in zip(clips, outs, strict=True):
         want = codec.decode(clip[None].cuda())[0].cpu()
         assert out.shape == want.shape

@@ -76,11 +76,10 @@ class BenchConfig:
 
     @classmethod
     def for_device(cls, device: str) -> dict[str, object]:
-        """Defaults that differ by device: the real codec, tf32x3 and every tier on CUDA, ``tiny`` on the CPU."""
+        """Defaults that differ by device: the real codec and every tier on CUDA, ``tiny`` on the CPU."""
         if device.startswith("cuda"):
             return {
                 "codec": "auk-24k",
-                "precision": "tf32x3",
                 "tiers": ("graph", "eager", "compiled"),
                 "conc_tier": "graph",
                 "streams": (1, 2, 4, 8, 16, 32, 64, 128),
