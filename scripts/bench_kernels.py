@@ -9,10 +9,11 @@ One run measures, with CUDA events after warm-up (median of reps):
 * the copy bandwidth of the card (the byte ceiling used for the floors below);
 * every distinct alias-free activation shape of auk-24k at each batch x window: the reference layer
   (eager PyTorch, several kernels) against each Triton variant, with achieved bandwidth;
-* whole-decode errors, fused vs reference (eager, same weights and latents);
+* whole-decode errors, fused vs reference (eager, same weights and latents), at every codec precision;
 * whole-decode replay time per batch x window through the engine's own machinery
   (``streamdec.engine.graphs.GraphTiers``: torch.compile, then one CUDA graph per bucket; and plain graph
-  capture without compile) for the fused variants and the reference, with compile seconds.
+  capture without compile) for the fused variants and the reference, with compile seconds, at the
+  codec precision ``--precision`` names (default fp32).
 
 The JSON is rewritten after every step, so a run cut short still leaves its figures.
 """

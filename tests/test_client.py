@@ -136,6 +136,12 @@ async def test_stream_command_writes_the_wav(codec: Any, tmp_path: Path, fmt: st
         np.testing.assert_allclose(pcm, ref[0], atol=1e-4, rtol=0)
 
 
+def test_serve_refuses_an_unknown_precision() -> None:
+    proc = _serve("--precision", "fp16")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'fp16'" in out and "tf32x3" in out
+
+
 def _serve(*extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("STREAMDEC_TOKEN", None)
@@ -155,8 +161,11 @@ async def _url_of(proc: subprocess.Popen[str]) -> str:
 
 
 async def test_serve_prints_url_and_sigterm_finishes_streams_then_1001(codec: Any) -> None:
-    """`streamdec serve --port 0` prints ws://H:P/v1/stream; SIGTERM finishes the stream, closes 1001, exits 0."""
-    proc = _serve("--grace", "20")
+    """`streamdec serve --port 0` prints ws://H:P/v1/stream; SIGTERM finishes the stream, closes 1001, exits 0.
+
+    ``--precision tf32x3`` is accepted; on the CPU it computes float32, so the audio still equals offline.
+    """
+    proc = _serve("--grace", "20", "--precision", "tf32x3")
     try:
         url = await _url_of(proc)
         assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/stream") and ":0/" not in url
