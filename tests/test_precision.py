@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs import ModuleCodec, load_codec
 from streamdec.codecs import layers as layers_module
-from streamdec.codecs.layers import SplitConv
+from streamdec.codecs.layers import PaddedConv1d, SplitConv
 from streamdec.codecs.precision import PRECISIONS, split_input, split_tf32, split_weight
 from streamdec.errors import ConfigError
 
@@ -103,6 +103,30 @@ def test_refresh_rebuilds_the_split_after_a_weight_change() -> None:
     codec.refresh_cache()
     assert conv.split_weight is not None
     assert torch.equal(conv.split_weight, split_weight(conv.weight, conv.weight_in_dim))
+
+
+def test_split_follows_dtype_changes() -> None:
+    """A half-precision codec keeps no split (TF32 is a float32 matter); back in float32 it splits again."""
+    codec = load_codec("tiny")
+    codec.precision = "tf32x3"
+    convs = [m for m in codec.modules() if isinstance(m, SplitConv)]
+    codec.half()
+    codec.refresh_cache()
+    assert all(m.split_weight is None for m in convs)
+    codec.float()
+    codec.refresh_cache()
+    assert all(m.split_weight is not None and m.split_weight.dtype == torch.float32 for m in convs)
+
+
+def test_grouped_convolutions_refuse_tf32x3_and_change_nothing() -> None:
+    codec = load_codec("tiny")
+    grouped = PaddedConv1d(4, 4, 3, pad_left=2, pad_right=0)
+    grouped.groups = 2  # as a grouped layer would carry it
+    codec.add_module("extra", grouped)
+    with pytest.raises(ConfigError, match=r"extra \(groups=2\)"):
+        codec.precision = "tf32x3"
+    assert codec.precision == "fp32"
+    assert all(m.split_weight is None for m in codec.modules() if isinstance(m, SplitConv))
 
 
 def test_bad_precision_is_a_config_error() -> None:

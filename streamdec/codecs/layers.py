@@ -112,8 +112,9 @@ class SplitConv(nn.Module):
 
     ``split_weight`` is None (plain convolution) until :meth:`set_split` caches ``[w_hi, w_lo, w_hi]``;
     from then on a CUDA float32 input is convolved as ``[x_hi, x_hi, x_lo]`` against it, in one call.
-    The cache is non-persistent (never in a checkpoint) and :func:`refresh_caches` rebuilds it after a
-    weight change.
+    The cache is non-persistent (never in a checkpoint); :func:`refresh_caches` rebuilds it after a weight
+    or dtype change, and a layer whose weights are not float32 keeps none (TF32 is a float32 matter).
+    Use :func:`set_split_convs` on a whole model: it checks every layer before changing any.
     """
 
     #: Input-channel axis of the weight: 1 for ``[Cout, Cin, k]`` (conv), 0 for ``[Cin, Cout, k]`` (transpose).
@@ -121,18 +122,15 @@ class SplitConv(nn.Module):
     weight: Tensor
     groups: int
     split_weight: Tensor | None
+    split_enabled = False
 
     def set_split(self, enabled: bool) -> None:
-        if enabled and self.groups != 1:
-            raise ConfigError(
-                f"{type(self).__name__} has groups={self.groups}; the tf32x3 precision stacks input channels "
-                f"and supports groups=1 only; use precision 'fp32'"
-            )
-        self.split_weight = split_weight(self.weight, self.weight_in_dim) if enabled else None
+        self.split_enabled = enabled
+        self.refresh_split()
 
     def refresh_split(self) -> None:
-        if self.split_weight is not None:
-            self.set_split(True)
+        on = self.split_enabled and self.weight.dtype == torch.float32
+        self.split_weight = split_weight(self.weight, self.weight_in_dim) if on else None
 
     def splits(self, x: Tensor) -> bool:
         """Whether this call takes the split path: it is cached, and ``x`` is CUDA float32."""
@@ -445,15 +443,19 @@ def set_split_convs(module: nn.Module, enabled: bool) -> None:
     not a :class:`SplitConv`: under the TF32 flag that split precision sets, it would silently run in TF32.
     """
     if enabled:
-        foreign = [
-            f"{name or '<root>'} ({type(sub).__name__})"
-            for name, sub in module.named_modules()
-            if isinstance(sub, nn.modules.conv._ConvNd) and not isinstance(sub, SplitConv)
-        ]
+        convs = [(name or "<root>", sub) for name, sub in module.named_modules()
+                 if isinstance(sub, nn.modules.conv._ConvNd)]  # fmt: skip
+        foreign = [f"{name} ({type(sub).__name__})" for name, sub in convs if not isinstance(sub, SplitConv)]
         if foreign:
             raise ConfigError(
                 f"precision 'tf32x3' needs streamdec's conv layers, but these are other convolutions: "
                 f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}; use 'fp32' (exact) or 'tf32'"
+            )
+        grouped = [f"{name} (groups={sub.groups})" for name, sub in convs if sub.groups != 1]
+        if grouped:  # stacking [x_hi, x_hi, x_lo] along channels would cross group boundaries
+            raise ConfigError(
+                f"precision 'tf32x3' supports groups=1 convolutions only; grouped: {', '.join(grouped[:5])}; "
+                f"use 'fp32' (exact) or 'tf32'"
             )
     for sub in module.modules():
         if isinstance(sub, SplitConv):
