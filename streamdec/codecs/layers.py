@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval, through
-from streamdec.codecs.precision import split_input, split_weight
+from streamdec.codecs.precision import pack_split_weight, split_input, split_weight
 from streamdec.errors import ConfigError
 
 
@@ -50,6 +50,18 @@ def _fused_rule() -> Callable[[Tensor], bool] | None:
 
 
 _fused_supported = _fused_rule()
+
+
+def _split_conv_rule() -> Callable[[Tensor], bool] | None:
+    """The Triton split-conv kernel's dispatch rule (experimental, opt-in), or None where it is absent."""
+    try:
+        from streamdec.kernels.conv import triton_conv_supported
+    except ModuleNotFoundError:  # pragma: no cover - depends on what is installed
+        return None
+    return triton_conv_supported
+
+
+_triton_conv_supported = _split_conv_rule()
 
 
 def _takes_split(x: Tensor) -> bool:
@@ -145,6 +157,7 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
     """
 
     weight_in_dim = 1
+    packed_split: Tensor | None
 
     def __init__(
         self,
@@ -161,6 +174,8 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         self.pad_left = pad_left
         self.pad_right = pad_right
         self.register_buffer("split_weight", None, persistent=False)
+        # [2, k, Cout, Cin] heads and tails for the Triton kernel, instead of split_weight, when it is on
+        self.register_buffer("packed_split", None, persistent=False)
 
     @classmethod
     def causal(
@@ -174,8 +189,21 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
     def centred(cls, cin: int, cout: int, kernel: int, *, bias: bool = True) -> PaddedConv1d:
         return cls(cin, cout, kernel, pad_left=(kernel - 1) // 2, pad_right=(kernel - 1) // 2, bias=bias)
 
+    def refresh_split(self) -> None:
+        on = self.split_enabled and self.weight.dtype == torch.float32
+        if on and _triton_conv_supported is not None and _triton_conv_supported(self.weight):
+            self.split_weight, self.packed_split = None, pack_split_weight(self.weight)
+        else:
+            self.packed_split = None
+            super().refresh_split()
+
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
         x = F.pad(x, (self.pad_left, self.pad_right))
+        if self.packed_split is not None and _takes_split(x):
+            out: Tensor = torch.ops.streamdec.conv1d_split_tf32(
+                x, self.packed_split[0], self.packed_split[1], self.bias, self.dilation[0]
+            )
+            return out
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)

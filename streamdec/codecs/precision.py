@@ -40,7 +40,15 @@ from torch import Tensor
 
 from streamdec.errors import ConfigError
 
-__all__ = ["PRECISIONS", "Precision", "check_precision", "split_input", "split_tf32", "split_weight"]
+__all__ = [
+    "PRECISIONS",
+    "Precision",
+    "check_precision",
+    "pack_split_weight",
+    "split_input",
+    "split_tf32",
+    "split_weight",
+]
 
 Precision = Literal["fp32", "tf32x3", "tf32"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
@@ -84,3 +92,12 @@ def split_weight(weight: Tensor, in_dim: int) -> Tensor:
     """
     hi, lo = split_tf32(weight.detach())
     return torch.cat([hi, lo, hi], dim=in_dim).contiguous()
+
+
+def pack_split_weight(weight: Tensor) -> Tensor:
+    """Conv weight ``[Cout, Cin, k]`` -> ``[2, k, Cout, Cin]``: heads then tails, tap-major, contiguous.
+
+    The layout of ``torch.ops.streamdec.conv1d_split_tf32`` (:mod:`streamdec.kernels.conv`).
+    """
+    hi, lo = split_tf32(weight.detach())
+    return torch.stack([hi, lo]).permute(0, 3, 1, 2).contiguous()

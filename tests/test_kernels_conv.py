@@ -1,0 +1,128 @@
+"""The experimental split-TF32 conv op on the CPU: its reference path, fake shapes, errors and layer routing.
+
+The Triton kernel itself runs here only under the Triton interpreter (``TRITON_INTERPRET=1`` with Triton
+installed; CI has neither, so it skips): that checks its indexing, masking and chunking against float64,
+not its speed or its tensor-core rounding. The GPU checks are in ``tests/test_kernels_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from streamdec.codecs import layers as layers_module
+from streamdec.codecs import load_codec
+from streamdec.codecs.layers import PaddedConv1d
+from streamdec.codecs.precision import pack_split_weight
+from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels.conv import conv1d_split_tf32
+
+shapes = st.fixed_dictionaries(
+    {
+        "batch": st.integers(1, 3),
+        "cin": st.integers(1, 40),
+        "cout": st.integers(1, 70),
+        "ksize": st.sampled_from([1, 3, 7, 11]),
+        "dilation": st.sampled_from([1, 3, 5]),
+        "tout": st.integers(1, 150),
+        "bias": st.booleans(),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+def _case(p: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(p["seed"])
+    tin = p["tout"] + (p["ksize"] - 1) * p["dilation"]
+    x = torch.randn(p["batch"], p["cin"], tin, generator=gen)
+    w = torch.randn(p["cout"], p["cin"], p["ksize"], generator=gen) / (p["cin"] * p["ksize"]) ** 0.5
+    bias = torch.randn(p["cout"], generator=gen) if p["bias"] else None
+    return x, w, bias
+
+
+def _error_scale(x: torch.Tensor, w: torch.Tensor, dilation: int) -> torch.Tensor:
+    """``sum |x| |w|`` per output: what float32 round-off is relative to."""
+    return F.conv1d(x.double().abs(), w.double().abs(), dilation=dilation)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes)
+def test_op_reference_path_is_the_convolution(p: dict[str, int]) -> None:
+    x, w, bias = _case(p)
+    packed = pack_split_weight(w)
+    out = conv1d_split_tf32(x, packed[0], packed[1], bias, p["dilation"])
+    want = F.conv1d(x, w, bias, dilation=p["dilation"])
+    assert out.shape == want.shape == (p["batch"], p["cout"], p["tout"])
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+
+
+def test_fake_implementation_gives_the_shape() -> None:
+    with FakeTensorMode():
+        x = torch.empty(2, 8, 100)
+        packed = torch.empty(2, 5, 16, 8)
+        out = torch.ops.streamdec.conv1d_split_tf32(x, packed[0], packed[1], None, 3)
+    assert out.shape == (2, 16, 100 - 4 * 3)
+
+
+def test_bad_inputs_are_typed_errors() -> None:
+    x, w, _ = _case(
+        {"batch": 1, "cin": 4, "cout": 6, "ksize": 3, "dilation": 1, "tout": 10, "bias": 0, "seed": 0}
+    )
+    packed = pack_split_weight(w)
+    with pytest.raises(ShapeError, match="channels"):
+        conv1d_split_tf32(x[:, :3], packed[0], packed[1], None, 1)
+    with pytest.raises(ShapeError, match="cannot hold"):
+        conv1d_split_tf32(x[..., :2], packed[0], packed[1], None, 1)
+    with pytest.raises(DTypeError, match="float32 x"):
+        conv1d_split_tf32(x.double(), packed[0], packed[1], None, 1)
+
+
+def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the kernel on, tf32x3 conv layers keep packed heads and tails and call the op; same decode."""
+    codec = load_codec("tiny")
+    z = torch.randn(1, 24, codec.latent_dim, generator=torch.Generator().manual_seed(1))
+    plain = codec.decode(z)
+    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+    codec.precision = "tf32x3"
+    convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d)]
+    assert all(m.packed_split is not None and m.split_weight is None for m in convs)
+    calls: list[int] = []
+    real = conv1d_split_tf32
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_tf32", counted)
+    routed = codec.decode(z)
+    assert len(calls) == len(convs)  # every conv layer once: tiny decodes each layer once per call
+    torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
+
+
+needs_interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs Triton and TRITON_INTERPRET=1 (the GPU run is in test_kernels_cuda.py)",
+)
+
+
+@needs_interpreter
+@settings(max_examples=25, deadline=None)
+@given(shapes)
+def test_triton_kernel_under_the_interpreter(p: dict[str, int]) -> None:
+    from streamdec.kernels import _triton_conv as tc
+
+    x, w, bias = _case(p)
+    packed = pack_split_weight(w)
+    out = tc.conv1d_split(x, packed[0], packed[1], bias, p["dilation"])
+    exact = F.conv1d(x.double(), w.double(), None if bias is None else bias.double(), dilation=p["dilation"])
+    scale = _error_scale(x, w, p["dilation"]) + (0.0 if bias is None else bias.double().abs()[:, None])
+    assert out.shape == exact.shape
+    assert float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max()) <= 2e-6
