@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from streamdec.codecs import layers as layers_module
 from streamdec.codecs import load_codec
-from streamdec.codecs.layers import PaddedConv1d
+from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polyphase_weight
 from streamdec.codecs.precision import pack_split_weight
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.conv import conv1d_split_tf32
@@ -85,14 +85,14 @@ def test_bad_inputs_are_typed_errors() -> None:
 
 
 def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the kernel on, tf32x3 conv layers keep packed heads and tails and call the op; same decode."""
+    """With the kernel on, tf32x3 conv layers (transposed ones as polyphase convs) call the op; same decode."""
     codec = load_codec("tiny")
     z = torch.randn(1, 24, codec.latent_dim, generator=torch.Generator().manual_seed(1))
     plain = codec.decode(z)
     monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
     monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
     codec.precision = "tf32x3"
-    convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d)]
+    convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_split is not None and m.split_weight is None for m in convs)
     calls: list[int] = []
     real = conv1d_split_tf32
@@ -105,6 +105,28 @@ def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> 
     routed = codec.decode(z)
     assert len(calls) == len(convs)  # every conv layer once: tiny decodes each layer once per call
     torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cin=st.integers(1, 9),
+    cout=st.integers(1, 9),
+    stride=st.integers(1, 6),
+    taps=st.integers(1, 3),
+    length=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_transposed_conv_is_one_conv_per_phase(
+    cin: int, cout: int, stride: int, taps: int, length: int, seed: int
+) -> None:
+    """The polyphase form equals the causal transposed convolution (its first T*stride outputs)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, cin, length, generator=gen, dtype=torch.float64)
+    w = torch.randn(cin, cout, taps * stride, generator=gen, dtype=torch.float64)
+    want = F.conv_transpose1d(x, w, stride=stride)[..., : length * stride]
+    phases = F.conv1d(F.pad(x, (taps - 1, 0)), polyphase_weight(w, stride))  # [2, stride*cout, T]
+    got = phases.view(2, stride, cout, length).permute(0, 2, 3, 1).reshape(2, cout, length * stride)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
 needs_interpreter = pytest.mark.skipif(
@@ -126,3 +148,18 @@ def test_triton_kernel_under_the_interpreter(p: dict[str, int]) -> None:
     scale = _error_scale(x, w, p["dilation"]) + (0.0 if bias is None else bias.double().abs()[:, None])
     assert out.shape == exact.shape
     assert float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max()) <= 2e-6
+
+
+@needs_interpreter
+def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny codec in tf32x3 with every conv (transposed ones as phases) on the Triton kernel."""
+    from streamdec.kernels import _triton_conv as tc
+
+    codec = load_codec("tiny")
+    z = torch.randn(1, 6, codec.latent_dim, generator=torch.Generator().manual_seed(2))
+    plain = codec.decode(z)
+    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_tf32", tc.conv1d_split)
+    codec.precision = "tf32x3"
+    torch.testing.assert_close(codec.decode(z), plain, atol=1e-5, rtol=0)

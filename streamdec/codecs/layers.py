@@ -83,6 +83,7 @@ __all__ = [
     "SnakeBeta",
     "SplitConv",
     "kaiser_sinc_filter",
+    "polyphase_weight",
     "refresh_caches",
     "set_split_convs",
 ]
@@ -233,20 +234,69 @@ class _SplitConvTranspose1d(SplitConv, nn.ConvTranspose1d):
         return self.convolve(x)
 
 
+def polyphase_weight(weight: Tensor, stride: int) -> Tensor:
+    """Transposed-conv weight ``[Cin, Cout, k]`` (``k = M * stride``) -> conv weight ``[stride*Cout, Cin, M]``.
+
+    A causal transposed convolution is ``stride`` ordinary ones, one per output phase ``p``::
+
+        y[t*s + p] = sum_m W[:, :, p + m*s] . x[t - m]          m = 0 .. M-1
+
+    so ``conv1d(pad_left(x, M-1), polyphase_weight(W, s))`` gives output channel ``p*Cout + co`` at time
+    ``t`` equal to ``y[co, t*s + p]``: tap ``j`` of the conv reads ``x[t + j - (M-1)]``, hence the flip.
+    """
+    cin, cout, kernel = weight.shape
+    taps = kernel // stride
+    phases = weight.reshape(cin, cout, taps, stride)  # [ci, co, m, p]: kernel index m*s + p
+    return phases.permute(3, 1, 0, 2).flip(-1).reshape(stride * cout, cin, taps)
+
+
 class CausalConvTranspose1d(_SplitConvTranspose1d):
-    """ConvTranspose1d (no padding) whose last ``kernel - stride`` outputs are dropped: ``T -> T*stride``."""
+    """ConvTranspose1d (no padding) whose last ``kernel - stride`` outputs are dropped: ``T -> T*stride``.
+
+    With the Triton split conv on (:mod:`streamdec.kernels.conv`) and ``kernel`` a multiple of ``stride``,
+    the tf32x3 path runs it as one ordinary convolution per phase (:func:`polyphase_weight`) through that
+    kernel, whose accumulation keeps float32 accuracy; otherwise as the stacked cuDNN split.
+    """
+
+    packed_split: Tensor | None
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         if kernel_size < stride:
             raise ValueError(f"kernel_size={kernel_size} < stride={stride} would leave gaps")
         super().__init__(in_channels, out_channels, kernel_size, stride=stride)
         self.register_buffer("split_weight", None, persistent=False)
+        self.register_buffer("packed_split", None, persistent=False)  # polyphase heads and tails
+
+    def refresh_split(self) -> None:
+        on = self.split_enabled and self.weight.dtype == torch.float32
+        kernel, stride = self.kernel_size[0], self.stride[0]
+        triton_ok = _triton_conv_supported is not None and _triton_conv_supported(self.weight)
+        if on and triton_ok and kernel % stride == 0:
+            self.split_weight = None
+            self.packed_split = pack_split_weight(polyphase_weight(self.weight, stride))
+        else:
+            self.packed_split = None
+            super().refresh_split()
 
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:  # [B,Cin,T] -> [B,Cout,T*s]
         if output_size is not None:
             raise ValueError("CausalConvTranspose1d always returns T*stride samples; drop output_size")
+        if self.packed_split is not None and _takes_split(x):
+            return self._polyphase(x, self.packed_split)
         y = self.convolve(x)
         return y[..., : x.shape[-1] * self.stride[0]]
+
+    def _polyphase(self, x: Tensor, packed: Tensor) -> Tensor:
+        batch, _, length = x.shape
+        stride, taps = self.stride[0], packed.shape[1]
+        bias = None if self.bias is None else self.bias.repeat(stride)  # channel p*Cout + co -> bias[co]
+        phases: Tensor = torch.ops.streamdec.conv1d_split_tf32(
+            F.pad(x, (taps - 1, 0)), packed[0], packed[1], bias, 1
+        )  # [B, s*Cout, T]
+        cout = phases.shape[1] // stride
+        return (
+            phases.view(batch, stride, cout, length).permute(0, 2, 3, 1).reshape(batch, cout, length * stride)
+        )
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_transpose_interval(lo, hi, kernel=self.kernel_size[0], stride=self.stride[0])

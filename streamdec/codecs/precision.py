@@ -25,7 +25,7 @@
   (``scripts/probe_conv_precision.py``, committed under ``bench/results``). A whole AuK decode lands at
   83 dB against float64 (fp32: 115 dB, tf32: 61 dB; max abs 9e-5, 2.5e-6, 1.2e-3). It pays at large
   batches (16 x 70 frames compiled: 80 ms against 125 ms in fp32) and not at batch 1 (10.7 against 11.1).
-  ``STREAMDEC_TRITON_CONV=1`` (experimental, :mod:`streamdec.kernels.conv`) sends the stride-1 convs to a
+  ``STREAMDEC_TRITON_CONV=1`` (experimental, :mod:`streamdec.kernels.conv`) sends AuK's convolutions to a
   Triton kernel that restarts the accumulator every few steps instead; not yet measured on a GPU.
 
 The split happens only on CUDA float32 tensors; on the CPU every precision computes plain float32. Only

@@ -13,7 +13,8 @@ it runs ``F.conv1d`` on ``w_hi + w_lo`` (which is ``w`` exactly). It has a fake 
 
 Off unless ``STREAMDEC_TRITON_CONV=1`` at import: it has passed the Triton interpreter but has not yet
 been timed or checked on a GPU (``docs/kernels.md``, "Next"). When on, the ``"tf32x3"`` precision sends
-every stride-1 :class:`~streamdec.codecs.layers.PaddedConv1d` through it.
+every :class:`~streamdec.codecs.layers.PaddedConv1d` through it, and every
+:class:`~streamdec.codecs.layers.CausalConvTranspose1d` as one convolution per output phase.
 """
 
 from __future__ import annotations
