@@ -148,6 +148,8 @@ class Bench:
             "codec": args.codec,
             "dtype": "float32",
             "precision": args.precision,
+            # switches that change what runs (STREAMDEC_TRITON_CONV, STREAMDEC_NO_FUSED, ...)
+            "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
             "timing": "CUDA events around each call on a side stream, after warm-up; median of reps",
             "floor": floor_per_frame(args.codec),
             "accuracy": {},

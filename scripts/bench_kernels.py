@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -116,6 +117,8 @@ class Bench:
             "codec": args.codec,
             "dtype": "float32",
             "precision": args.precision,
+            # switches that change what runs (STREAMDEC_TRITON_CONV, STREAMDEC_NO_FUSED, ...)
+            "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
             "timing": "CUDA events, median of reps after warm-up; graph replays on the engine's stream",
             "layers": [],
             "decode_errors": [],
