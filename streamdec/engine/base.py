@@ -47,8 +47,6 @@ class WarmupReport:
 
     seconds: float = 0.0
     graphs: int = 0
-    # Device memory reserved after warm-up minus before it, once the eager warm-up runs' cached blocks are
-    # handed back: the graph pools and the graphs' static buffers (CUDA; 0 on the CPU).
     graph_memory_bytes: int = 0
     buckets: tuple[tuple[int, int], ...] = ()  # (batch, frames) keys warmed
     failed: tuple[tuple[int, int], ...] = ()  # keys whose compile/capture failed (fell back)

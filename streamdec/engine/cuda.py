@@ -420,10 +420,6 @@ class CudaGraphEngine(Engine):
         failed = [k for k in tiers.failed if k in keys]
         if cuda:
             torch.cuda.synchronize(self.device)
-            # Each capture first runs its shape eagerly and the caching allocator keeps those blocks, which
-            # the server would hold for nothing (serving auk-24k reported 50.5 GiB for 35 graphs before this
-            # line; the eager share of that is not yet measured). Live graphs' private pools stay.
-            torch.cuda.empty_cache()
         memory = (torch.cuda.memory_reserved(self.device) - reserved) if cuda else 0
         return WarmupReport(
             seconds=time.perf_counter() - began,
