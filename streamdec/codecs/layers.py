@@ -125,6 +125,8 @@ class SplitConv(nn.Module):
 
     ``split_weight`` is None (plain convolution) until :meth:`set_split` caches ``[w_hi, w_lo, w_hi]``;
     from then on a CUDA float32 input is convolved as ``[x_hi, x_hi, x_lo]`` against it, in one call.
+    With the experimental Triton kernel on (:mod:`streamdec.kernels.conv`), a layer that is an ordinary
+    convolution (:meth:`triton_weight`) caches ``packed_split`` for that kernel instead.
     The cache is non-persistent (never in a checkpoint); :func:`refresh_caches` rebuilds it after a weight
     or dtype change, and a layer whose weights are not float32 keeps none (TF32 is a float32 matter).
     Use :func:`set_split_convs` on a whole model: it checks every layer before changing any.
@@ -134,16 +136,29 @@ class SplitConv(nn.Module):
     weight_in_dim: ClassVar[int]
     weight: Tensor
     groups: int
-    split_weight: Tensor | None
+    split_weight: Tensor | None  # [w_hi, w_lo, w_hi] stacked on the input channels, for cuDNN
+    packed_split: Tensor | None  # [2, k, Cout, Cin] heads and tails, for the Triton kernel when it is on
     split_enabled = False
+
+    def _register_split_buffers(self) -> None:
+        self.register_buffer("split_weight", None, persistent=False)
+        self.register_buffer("packed_split", None, persistent=False)
 
     def set_split(self, enabled: bool) -> None:
         self.split_enabled = enabled
         self.refresh_split()
 
     def refresh_split(self) -> None:
+        """Cache the split weight in the form this layer's split path takes (or none when off)."""
         on = self.split_enabled and self.weight.dtype == torch.float32
-        self.split_weight = split_weight(self.weight, self.weight_in_dim) if on else None
+        triton = on and _triton_conv_supported is not None and _triton_conv_supported(self.weight)
+        as_conv = self.triton_weight() if triton else None
+        self.packed_split = None if as_conv is None else pack_split_weight(as_conv)
+        self.split_weight = split_weight(self.weight, self.weight_in_dim) if on and as_conv is None else None
+
+    def triton_weight(self) -> Tensor | None:
+        """This layer as an ordinary ``[Cout, Cin, k]`` convolution the Triton kernel runs, if it can be one."""
+        return None
 
     def splits(self, x: Tensor) -> bool:
         """Whether this call takes the split path: it is cached, and ``x`` is CUDA float32."""
@@ -158,7 +173,6 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
     """
 
     weight_in_dim = 1
-    packed_split: Tensor | None
 
     def __init__(
         self,
@@ -174,9 +188,7 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         super().__init__(in_channels, out_channels, kernel_size, dilation=dilation, bias=bias)
         self.pad_left = pad_left
         self.pad_right = pad_right
-        self.register_buffer("split_weight", None, persistent=False)
-        # [2, k, Cout, Cin] heads and tails for the Triton kernel, instead of split_weight, when it is on
-        self.register_buffer("packed_split", None, persistent=False)
+        self._register_split_buffers()
 
     @classmethod
     def causal(
@@ -190,13 +202,8 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
     def centred(cls, cin: int, cout: int, kernel: int, *, bias: bool = True) -> PaddedConv1d:
         return cls(cin, cout, kernel, pad_left=(kernel - 1) // 2, pad_right=(kernel - 1) // 2, bias=bias)
 
-    def refresh_split(self) -> None:
-        on = self.split_enabled and self.weight.dtype == torch.float32
-        if on and _triton_conv_supported is not None and _triton_conv_supported(self.weight):
-            self.split_weight, self.packed_split = None, pack_split_weight(self.weight)
-        else:
-            self.packed_split = None
-            super().refresh_split()
+    def triton_weight(self) -> Tensor:
+        return self.weight
 
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
         x = F.pad(x, (self.pad_left, self.pad_right))
@@ -258,25 +265,15 @@ class CausalConvTranspose1d(_SplitConvTranspose1d):
     kernel, whose accumulation keeps float32 accuracy; otherwise as the stacked cuDNN split.
     """
 
-    packed_split: Tensor | None
-
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
         if kernel_size < stride:
             raise ValueError(f"kernel_size={kernel_size} < stride={stride} would leave gaps")
         super().__init__(in_channels, out_channels, kernel_size, stride=stride)
-        self.register_buffer("split_weight", None, persistent=False)
-        self.register_buffer("packed_split", None, persistent=False)  # polyphase heads and tails
+        self._register_split_buffers()
 
-    def refresh_split(self) -> None:
-        on = self.split_enabled and self.weight.dtype == torch.float32
+    def triton_weight(self) -> Tensor | None:
         kernel, stride = self.kernel_size[0], self.stride[0]
-        triton_ok = _triton_conv_supported is not None and _triton_conv_supported(self.weight)
-        if on and triton_ok and kernel % stride == 0:
-            self.split_weight = None
-            self.packed_split = pack_split_weight(polyphase_weight(self.weight, stride))
-        else:
-            self.packed_split = None
-            super().refresh_split()
+        return polyphase_weight(self.weight, stride) if kernel % stride == 0 else None
 
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:  # [B,Cin,T] -> [B,Cout,T*s]
         if output_size is not None:
@@ -472,7 +469,7 @@ class PaddedConvTranspose1d(_SplitConvTranspose1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int, padding: int,
                  *, bias: bool = True) -> None:  # fmt: skip
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
-        self.register_buffer("split_weight", None, persistent=False)
+        self._register_split_buffers()
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_transpose_interval(
