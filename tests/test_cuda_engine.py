@@ -1,7 +1,7 @@
 """The GPU engine on a real GPU: graph tiers vs eager, cross-stream batching, retirement, memory.
 
 Runs only where CUDA is available (the ``cuda`` marker; CPU CI skips it). Every test runs at two codec
-precisions: ``fp32`` (CUDA cores) and ``tf32x3`` (float32-accurate on TF32 tensor cores); the eager
+precisions: ``fp32`` (CUDA cores) and ``tf32x3`` (split operands on TF32 tensor cores); the eager
 references run under the codec's own numerics, as the engine does. Plain TF32 is not a precision these
 tolerances can hold (see ``streamdec.codecs.precision``).
 """

@@ -1,7 +1,7 @@
 """Each zoo family through StreamDecoder on a GPU (plain graphs and compiled buckets), equal to offline.
 
-Runs only where CUDA is available (the ``cuda`` marker). Precisions fp32 and tf32x3 (both float32-accurate),
-so the tolerances are about the engine: plain graphs replay the eager arithmetic; compiled buckets may fuse
+Runs only where CUDA is available (the ``cuda`` marker). Precisions fp32 and tf32x3 (within 1e-4 of
+float64), so the tolerances are about the engine: plain graphs replay the eager arithmetic; compiled buckets may fuse
 differently (1e-4, the project's compiled tolerance).
 """
 
