@@ -67,11 +67,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
 
     codec = load_codec_from_args(args)
     codec.precision = args.precision
-    on_cuda = codec.pad_latent.device.type == "cuda"
     # On CUDA: warm every bucket at start-up, then freeze; a shape nobody warmed (a clip shorter than the
     # smallest window) is decoded eagerly and counted, never captured mid-serving.
     cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
-    options = cuda_options if on_cuda else {}
+    options = cuda_options if codec.pad_latent.device.type == "cuda" else {}
     async with streamdec.StreamDecoder(
         codec, min_emit=args.min_emit, max_emit=args.max_emit, **options
     ) as decoder:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..codecs.precision import check_precision
+from ..codecs.precision import Precision, check_precision
 from ..errors import ConfigError
 from .engines import TIERS
 
@@ -20,7 +20,7 @@ class BenchConfig:
     codec: str = "tiny"
     device: str = "cpu"
     dtype: str = "float32"
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     sizes: tuple[int, ...] = POWERS
     tiers: tuple[str, ...] = ("eager",)
     compiled_sizes: tuple[int, ...] = (8, 64)

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from ..codecs import Codec, load_codec
-from ..codecs.precision import check_precision
 from ..engine import Engine
 from .baselines import run_baselines
 from .common import Budget, Latents, Progress
@@ -139,7 +138,7 @@ class _Run:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         codec = load_codec(cfg.codec, device=self.device, dtype=_DTYPES[cfg.dtype])
-        codec.precision = check_precision(cfg.precision)
+        codec.precision = cfg.precision
         meta = environment(self.device)
         meta["codec"] = _codec_info(codec)
         self.result = {
