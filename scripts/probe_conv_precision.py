@@ -1,18 +1,24 @@
-"""Per-convolution error of each precision against float64, on a real GPU (a diagnostic, not a benchmark).
+"""Per-convolution error of each precision against float64, on a real GPU, and optionally its time.
 
 For every conv layer of a codec, on the input it sees in a float32 decode of random latents, prints and
 writes the error (max abs over the layer's output peak) of: plain fp32, plain TF32, the tf32x3 split
-through cuDNN (heuristic algorithm choice, then ``cudnn.benchmark``), and the same split as an explicit
-im2col GEMM through cuBLAS (plain convolutions only). Run::
+through cuDNN (heuristic algorithm choice, then ``cudnn.benchmark``), the same split as an explicit
+im2col GEMM through cuBLAS (plain convolutions only), and the split through the Triton kernel of
+``streamdec.kernels.conv`` (``tf32x3_triton``; transposed convolutions as one conv per phase). With
+``--time``, also the median time of fp32 cuDNN, the cuDNN split and the Triton split per layer (CUDA
+events, after warm-up), and their sums: the convolutions' share of one decode. Run::
 
-    python scripts/probe_conv_precision.py --codec auk-24k --frames 70 --out probe.json
+    python scripts/probe_conv_precision.py --codec auk-24k --frames 70 --batch 16 --time --out probe.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +29,9 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamdec.codecs import load_codec
-from streamdec.codecs.layers import PaddedConv1d, SplitConv
-from streamdec.codecs.precision import split_input, split_weight
+from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, SplitConv, polyphase_weight
+from streamdec.codecs.precision import pack_split_weight, split_input, split_weight
+from streamdec.kernels.conv import conv1d_split_tf32
 
 
 def _conv(m: SplitConv, x: Tensor, w: Tensor) -> Tensor:
@@ -42,6 +49,38 @@ def _im2col_gemm(m: PaddedConv1d, x: Tensor, w: Tensor) -> Tensor:
     return (cols @ w.reshape(w.shape[0], -1).T).transpose(1, 2)
 
 
+def _triton(m: SplitConv, x: Tensor, w: Tensor) -> Tensor | None:
+    """The layer through the Triton split conv (the op's CPU path elsewhere), or None if it has no such form."""
+    if isinstance(m, PaddedConv1d):
+        packed = pack_split_weight(w)
+        return conv1d_split_tf32(x, packed[0], packed[1], None, m.dilation[0])
+    if isinstance(m, CausalConvTranspose1d) and m.kernel_size[0] % m.stride[0] == 0:
+        stride, (batch, _, length) = m.stride[0], x.shape
+        packed = pack_split_weight(polyphase_weight(w, stride))
+        phases = conv1d_split_tf32(F.pad(x, (packed.shape[1] - 1, 0)), packed[0], packed[1], None, 1)
+        return phases.view(batch, stride, -1, length).permute(0, 2, 3, 1).reshape(batch, -1, length * stride)
+    return None
+
+
+def _median_ms(fn: Callable[[], object], reps: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -50,6 +89,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=70)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--device", default="cuda", help="cpu runs the same code (no TF32 there)")
+    parser.add_argument("--time", action="store_true", help="also time fp32, cuDNN split and Triton split")
     parser.add_argument("--out", default="probe.json")
     args = parser.parse_args()
     codec = load_codec(args.codec, device=args.device, dtype=torch.float32)
@@ -97,14 +137,31 @@ def main() -> None:
                 row["tf32x3_gemm"] = rel(_im2col_gemm(m, x3, w3))
                 matmul.allow_tf32 = False
             cudnn.allow_tf32, cudnn.benchmark = False, False
+            triton = _triton(m, x, w)
+            if triton is not None:  # a causal transpose keeps its first T * stride outputs
+                crop = truth[..., : triton.shape[-1]]
+                row["tf32x3_triton"] = float((triton.double() - crop).abs().max()) / float(crop.abs().max())
+            if args.time:
+                row["ms_fp32"] = _median_ms(lambda m=m, x=x, w=w: _conv(m, x, w))
+                cudnn.allow_tf32 = True
+                row["ms_tf32x3_cudnn"] = _median_ms(lambda m=m, x3=x3, w3=w3: _conv(m, x3, w3))
+                cudnn.allow_tf32 = False
+                if triton is not None:
+                    row["ms_tf32x3_triton"] = _median_ms(lambda m=m, x=x, w=w: _triton(m, x, w))
             rows.append(row)
             print(" ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    worst = {k: max(r[k] for r in rows if k in r) for k in rows[0] if k not in {"layer", "input", "weight"}}
+    methods = sorted({k for r in rows for k in r if k not in {"layer", "input", "weight"}})
+    worst = {k: max(r[k] for r in rows if k in r) for k in methods if not k.startswith("ms_")}
+    totals = {k: sum(r[k] for r in rows if k in r) for k in methods if k.startswith("ms_")}
     print("worst relative error per method:", json.dumps(worst))
+    if totals:
+        print("summed ms per method (layers where it applies):", json.dumps(totals))
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
     meta = {"device": device, "torch": torch.__version__, "cudnn": cudnn.version()}
     Path(args.out).write_text(
-        json.dumps({"meta": meta, "args": vars(args), "worst": worst, "rows": rows}, indent=1)
+        json.dumps(
+            {"meta": meta, "args": vars(args), "worst": worst, "total_ms": totals, "rows": rows}, indent=1
+        )
     )
 
 
