@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamdec.bench.stats import timed
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, SplitConv, polyphase_weight
 from streamdec.codecs.precision import pack_split_weight, split_input, split_weight
@@ -62,23 +62,10 @@ def _triton(m: SplitConv, x: Tensor, w: Tensor) -> Tensor | None:
     return None
 
 
-def _median_ms(fn: Callable[[], object], reps: int = 10) -> float:
-    for _ in range(3):
+def _median_ms(fn: Callable[[], object], device: torch.device, reps: int = 10) -> float:
+    for _ in range(3):  # warm-up: cuDNN heuristics, Triton compile, allocator
         fn()
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
+    return statistics.median(timed(fn, device)[1] * 1e3 for _ in range(reps))
 
 
 def main() -> None:
@@ -142,12 +129,12 @@ def main() -> None:
                 crop = truth[..., : triton.shape[-1]]
                 row["tf32x3_triton"] = float((triton.double() - crop).abs().max()) / float(crop.abs().max())
             if args.time:
-                row["ms_fp32"] = _median_ms(lambda m=m, x=x, w=w: _conv(m, x, w))
+                row["ms_fp32"] = _median_ms(lambda m=m, x=x, w=w: _conv(m, x, w), x.device)
                 cudnn.allow_tf32 = True
-                row["ms_tf32x3_cudnn"] = _median_ms(lambda m=m, x3=x3, w3=w3: _conv(m, x3, w3))
+                row["ms_tf32x3_cudnn"] = _median_ms(lambda m=m, x3=x3, w3=w3: _conv(m, x3, w3), x.device)
                 cudnn.allow_tf32 = False
                 if triton is not None:
-                    row["ms_tf32x3_triton"] = _median_ms(lambda m=m, x=x, w=w: _triton(m, x, w))
+                    row["ms_tf32x3_triton"] = _median_ms(lambda m=m, x=x, w=w: _triton(m, x, w), x.device)
             rows.append(row)
             print(" ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     methods = sorted({k for r in rows for k in r if k not in {"layer", "input", "weight"}})

@@ -84,13 +84,18 @@ def test_bad_inputs_are_typed_errors() -> None:
         conv1d_split_tf32(x.double(), packed[0], packed[1], None, 1)
 
 
+def _route_cpu_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the CPU take the tf32x3 Triton-conv path, as a CUDA float32 input would with the kernel on."""
+    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+
+
 def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the kernel on, tf32x3 conv layers (transposed ones as polyphase convs) call the op; same decode."""
     codec = load_codec("tiny")
     z = torch.randn(1, 24, codec.latent_dim, generator=torch.Generator().manual_seed(1))
     plain = codec.decode(z)
-    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+    _route_cpu_through_the_kernel(monkeypatch)
     codec.precision = "tf32x3"
     convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_split is not None and m.split_weight is None for m in convs)
@@ -158,8 +163,7 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     codec = load_codec("tiny")
     z = torch.randn(1, 6, codec.latent_dim, generator=torch.Generator().manual_seed(2))
     plain = codec.decode(z)
-    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+    _route_cpu_through_the_kernel(monkeypatch)
     monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_tf32", tc.conv1d_split)
     codec.precision = "tf32x3"
     torch.testing.assert_close(codec.decode(z), plain, atol=1e-5, rtol=0)

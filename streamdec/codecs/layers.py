@@ -27,6 +27,7 @@ Derived, non-persistent buffers (the filter, ``exp(alpha)``, ``1/(exp(beta)+1e-9
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import ClassVar, cast
@@ -40,28 +41,18 @@ from streamdec.codecs.precision import pack_split_weight, split_input, split_wei
 from streamdec.errors import ConfigError
 
 
-def _fused_rule() -> Callable[[Tensor], bool] | None:
-    """The fused kernel's dispatch rule, or None where streamdec.kernels is absent (reference path only)."""
+def _kernel_rule(module: str, name: str) -> Callable[[Tensor], bool] | None:
+    """A GPU kernel's dispatch rule from ``streamdec.kernels``, or None where that package is absent."""
     try:
-        from streamdec.kernels.alias_free import fused_supported
+        rule: Callable[[Tensor], bool] = getattr(importlib.import_module(f"streamdec.kernels.{module}"), name)
     except ModuleNotFoundError:  # pragma: no cover - depends on what is installed
         return None
-    return fused_supported
+    return rule
 
 
-_fused_supported = _fused_rule()
-
-
-def _split_conv_rule() -> Callable[[Tensor], bool] | None:
-    """The Triton split-conv kernel's dispatch rule (experimental, opt-in), or None where it is absent."""
-    try:
-        from streamdec.kernels.conv import triton_conv_supported
-    except ModuleNotFoundError:  # pragma: no cover - depends on what is installed
-        return None
-    return triton_conv_supported
-
-
-_triton_conv_supported = _split_conv_rule()
+# The fused alias-free activation, and the split-TF32 convolution (experimental, opt-in).
+_fused_supported = _kernel_rule("alias_free", "fused_supported")
+_triton_conv_supported = _kernel_rule("conv", "triton_conv_supported")
 
 
 def _takes_split(x: Tensor) -> bool:
