@@ -14,6 +14,7 @@ events, after warm-up), and their sums: the convolutions' share of one decode. R
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -49,17 +50,45 @@ def _im2col_gemm(m: PaddedConv1d, x: Tensor, w: Tensor) -> Tensor:
     return (cols @ w.reshape(w.shape[0], -1).T).transpose(1, 2)
 
 
-def _triton(m: SplitConv, x: Tensor, w: Tensor) -> Tensor | None:
-    """The layer through the Triton split conv (the op's CPU path elsewhere), or None if it has no such form."""
+def _triton(m: SplitConv, x: Tensor, w: Tensor, tiles: Any = None) -> Callable[[], Tensor] | None:
+    """The layer through the Triton split conv as a call with its weight packed once (the op's CPU path
+    off CUDA), or None if the layer has no such form. ``tiles`` (a ``_triton_conv.Tiles``) overrides the
+    launch shape; transposed layers include the phase padding and interleave, as the layer runs them."""
+    conv: Callable[..., Tensor] = conv1d_split_tf32
+    if tiles is not None:
+        from streamdec.kernels import _triton_conv
+
+        conv = functools.partial(_triton_conv.conv1d_split, tiles=tiles)
     if isinstance(m, PaddedConv1d):
         packed = pack_split_weight(w)
-        return conv1d_split_tf32(x, packed[0], packed[1], None, m.dilation[0])
+        return lambda: conv(x, packed[0], packed[1], None, m.dilation[0])
     if isinstance(m, CausalConvTranspose1d) and m.kernel_size[0] % m.stride[0] == 0:
         stride, (batch, _, length) = m.stride[0], x.shape
         packed = pack_split_weight(polyphase_weight(w, stride))
-        phases = conv1d_split_tf32(F.pad(x, (packed.shape[1] - 1, 0)), packed[0], packed[1], None, 1)
-        return phases.view(batch, stride, -1, length).permute(0, 2, 3, 1).reshape(batch, -1, length * stride)
+
+        def transposed() -> Tensor:
+            phases = conv(F.pad(x, (packed.shape[1] - 1, 0)), packed[0], packed[1], None, 1)
+            return (
+                phases.view(batch, stride, -1, length).permute(0, 2, 3, 1).reshape(batch, -1, length * stride)
+            )
+
+        return transposed
     return None
+
+
+# Launch shapes --sweep times per layer: (block_m, block_n, block_k, chunk, warps, stages)
+SWEEP = [
+    (64, 128, 32, 2, 4, 3),
+    (64, 128, 32, 1, 4, 3),
+    (64, 128, 32, 4, 4, 3),
+    (128, 128, 32, 2, 8, 3),
+    (128, 64, 32, 2, 4, 3),
+    (64, 64, 32, 2, 4, 3),
+    (64, 256, 32, 2, 8, 3),
+    (64, 128, 16, 2, 4, 4),
+    (64, 32, 32, 2, 4, 3),
+    (32, 64, 32, 2, 4, 3),
+]
 
 
 def _median_ms(fn: Callable[[], object], device: torch.device, reps: int = 10) -> float:
@@ -77,6 +106,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--device", default="cuda", help="cpu runs the same code (no TF32 there)")
     parser.add_argument("--time", action="store_true", help="also time fp32, cuDNN split and Triton split")
+    parser.add_argument(
+        "--sweep", action="store_true", help="time the Triton split over the SWEEP launch shapes per layer"
+    )
     parser.add_argument("--out", default="probe.json")
     args = parser.parse_args()
     codec = load_codec(args.codec, device=args.device, dtype=torch.float32)
@@ -124,8 +156,9 @@ def main() -> None:
                 row["tf32x3_gemm"] = rel(_im2col_gemm(m, x3, w3))
                 matmul.allow_tf32 = False
             cudnn.allow_tf32, cudnn.benchmark = False, False
-            triton = _triton(m, x, w)
-            if triton is not None:  # a causal transpose keeps its first T * stride outputs
+            triton_call = _triton(m, x, w)
+            if triton_call is not None:  # a causal transpose keeps its first T * stride outputs
+                triton = triton_call()
                 crop = truth[..., : triton.shape[-1]]
                 row["tf32x3_triton"] = float((triton.double() - crop).abs().max()) / float(crop.abs().max())
             if args.time:
@@ -133,11 +166,28 @@ def main() -> None:
                 cudnn.allow_tf32 = True
                 row["ms_tf32x3_cudnn"] = _median_ms(lambda m=m, x3=x3, w3=w3: _conv(m, x3, w3), x.device)
                 cudnn.allow_tf32 = False
-                if triton is not None:
-                    row["ms_tf32x3_triton"] = _median_ms(lambda m=m, x=x, w=w: _triton(m, x, w), x.device)
+                if triton_call is not None:
+                    row["ms_tf32x3_triton"] = _median_ms(triton_call, x.device)
+            if args.sweep and triton_call is not None:
+                from streamdec.kernels._triton_conv import Tiles
+
+                sweep = []
+                for shape in SWEEP:
+                    call = _triton(m, x, w, Tiles(*shape))
+                    assert call is not None
+                    out = call()
+                    err = float((out.double() - truth[..., : out.shape[-1]]).abs().max()) / peak
+                    sweep.append({"tiles": shape, "ms": _median_ms(call, x.device), "rel": err})
+                row["sweep"] = sweep
+                best = min(sweep, key=lambda r: r["ms"])
+                row["ms_tf32x3_triton_best"], row["best_tiles"] = best["ms"], best["tiles"]
             rows.append(row)
-            print(" ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    methods = sorted({k for r in rows for k in r if k not in {"layer", "input", "weight"}})
+            print(" ".join(
+                f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "sweep"
+            ))  # fmt: skip
+    methods = sorted(
+        {k for r in rows for k in r if k not in {"layer", "input", "weight", "sweep", "best_tiles"}}
+    )
     worst = {k: max(r[k] for r in rows if k in r) for k in methods if not k.startswith("ms_")}
     totals = {k: sum(r[k] for r in rows if k in r) for k in methods if k.startswith("ms_")}
     print("worst relative error per method:", json.dumps(worst))

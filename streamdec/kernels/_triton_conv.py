@@ -16,6 +16,8 @@ float32 adds between chunks round to nearest (the promotion DeepSeek-V3 applies 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -91,22 +93,47 @@ def _conv1d_split_kernel(
     tl.store(y_ptr + y_off, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
+class Tiles(NamedTuple):
+    """Launch shape: output tile (``block_m`` channels x ``block_n`` samples), reduction step, chunk, warps."""
+
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 32
+    chunk: int = CHUNK
+    warps: int = 4
+    stages: int = 3
+
+
 def _block(extent: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton.next_power_of_2(extent)))
 
 
 def conv1d_split(
-    x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, bias: torch.Tensor | None, dilation: int
+    x: torch.Tensor,
+    w_hi: torch.Tensor,
+    w_lo: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
-    """``x`` [B, CIN, TIN], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CIN] -> ``y`` [B, COUT, TOUT]."""
+    """``x`` [B, CIN, TIN], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CIN] -> ``y`` [B, COUT, TOUT].
+
+    ``tiles`` overrides the launch shape (``scripts/probe_conv_precision.py --sweep`` times candidates);
+    by default 64 x 128 output tiles with 32-channel steps on 4 warps, shrunk to the layer's extents.
+    """
     batch, cin, tin = x.shape
     ksize, cout, _ = w_hi.shape
     tout = tin - (ksize - 1) * dilation
     y = torch.empty(batch, cout, tout, device=x.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    # tl.dot needs every block extent >= 16; 64 x 128 output tiles with 32-channel steps fit 4 warps.
-    block_m, block_n, block_k = _block(cout, 16, 64), _block(tout, 16, 128), _block(cin, 16, 32)
+    t = tiles or Tiles()
+    # tl.dot needs every block extent >= 16
+    block_m, block_n, block_k = (
+        _block(cout, 16, t.block_m),
+        _block(tout, 16, t.block_n),
+        _block(cin, 16, t.block_k),
+    )
     grid = (triton.cdiv(tout, block_n), triton.cdiv(cout, block_m), batch)
     _conv1d_split_kernel[grid](
         x.contiguous(),
@@ -124,8 +151,8 @@ def conv1d_split(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        CHUNK=CHUNK,
-        num_warps=4,
-        num_stages=3,
+        CHUNK=t.chunk,
+        num_warps=t.warps,
+        num_stages=t.stages,
     )
     return y
