@@ -1,7 +1,7 @@
 """The experimental split-TF32 conv op on the CPU: its reference path, fake shapes, errors and layer routing.
 
 The Triton kernel itself runs here only under the Triton interpreter (``TRITON_INTERPRET=1`` with Triton
-installed; CI has neither, so it skips): that checks its indexing, masking and chunking against float64,
+installed; CI has neither, so it skips): that checks its indexing, masking and per-step accumulation against float64,
 not its speed or its tensor-core rounding. The GPU checks are in ``tests/test_kernels_cuda.py``.
 """
 
@@ -20,9 +20,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from streamdec.codecs import layers as layers_module
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polyphase_weight
-from streamdec.codecs.precision import pack_split_weight
+from streamdec.codecs.precision import pack_split_weight, split_tf32
 from streamdec.errors import DTypeError, ShapeError
-from streamdec.kernels.conv import conv1d_split_tf32
+from streamdec.kernels.conv import conv1d_split_tf32, split_conv1d
 
 shapes = st.fixed_dictionaries(
     {
@@ -57,7 +57,7 @@ def _error_scale(x: torch.Tensor, w: torch.Tensor, dilation: int) -> torch.Tenso
 def test_op_reference_path_is_the_convolution(p: dict[str, int]) -> None:
     x, w, bias = _case(p)
     packed = pack_split_weight(w)
-    out = conv1d_split_tf32(x, packed[0], packed[1], bias, p["dilation"])
+    out = split_conv1d(x, packed, bias, p["dilation"])
     want = F.conv1d(x, w, bias, dilation=p["dilation"])
     assert out.shape == want.shape == (p["batch"], p["cout"], p["tout"])
     torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
@@ -67,7 +67,7 @@ def test_fake_implementation_gives_the_shape() -> None:
     with FakeTensorMode():
         x = torch.empty(2, 8, 100)
         packed = torch.empty(2, 5, 16, 8)
-        out = torch.ops.streamdec.conv1d_split_tf32(x, packed[0], packed[1], None, 3)
+        out = torch.ops.streamdec.conv1d_split_tf32(x, x, packed[0], packed[1], None, 3)
     assert out.shape == (2, 16, 100 - 4 * 3)
 
 
@@ -77,11 +77,15 @@ def test_bad_inputs_are_typed_errors() -> None:
     )
     packed = pack_split_weight(w)
     with pytest.raises(ShapeError, match="channels"):
-        conv1d_split_tf32(x[:, :3], packed[0], packed[1], None, 1)
+        split_conv1d(x[:, :3], packed, None, 1)
     with pytest.raises(ShapeError, match="cannot hold"):
-        conv1d_split_tf32(x[..., :2], packed[0], packed[1], None, 1)
+        split_conv1d(x[..., :2], packed, None, 1)
+    with pytest.raises(ShapeError, match="one shape"):
+        conv1d_split_tf32(x, x[..., 1:], packed[0], packed[1], None, 1)
     with pytest.raises(DTypeError, match="float32 x"):
-        conv1d_split_tf32(x.double(), packed[0], packed[1], None, 1)
+        split_conv1d(x.double(), packed, None, 1)
+    with pytest.raises(DTypeError, match="float32 w_lo"):
+        conv1d_split_tf32(x, x, packed[0], packed[1].double(), None, 1)
 
 
 def _route_cpu_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,7 +152,7 @@ def test_triton_kernel_under_the_interpreter(p: dict[str, int]) -> None:
 
     x, w, bias = _case(p)
     packed = pack_split_weight(w)
-    out = tc.conv1d_split(x, packed[0], packed[1], bias, p["dilation"])
+    out = tc.conv1d_split(*split_tf32(x), packed[0], packed[1], bias, p["dilation"])
     exact = F.conv1d(x.double(), w.double(), None if bias is None else bias.double(), dilation=p["dilation"])
     scale = _error_scale(x, w, p["dilation"]) + (0.0 if bias is None else bias.double().abs()[:, None])
     assert out.shape == exact.shape

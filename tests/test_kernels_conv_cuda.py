@@ -18,6 +18,7 @@ import streamdec.kernels.conv as kconv
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import pack_split_weight, split_input, split_weight
 from streamdec.engine.graphs import static_forward
+from streamdec.kernels.conv import split_conv1d
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 
@@ -50,7 +51,7 @@ def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int
             fp32 = F.conv1d(x, w, dilation=dilation)
             torch.backends.cudnn.allow_tf32 = True
             cudnn_split = F.conv1d(split_input(x), split_weight(w, 1), dilation=dilation)
-            ours = torch.ops.streamdec.conv1d_split_tf32(x, packed[0], packed[1], None, dilation)
+            ours = split_conv1d(x, packed, None, dilation)
     finally:
         torch.backends.cudnn.allow_tf32 = saved
     errors = {"fp32": _rel(fp32, exact), "cudnn_split": _rel(cudnn_split, exact), "triton": _rel(ours, exact)}
@@ -88,7 +89,7 @@ def test_compiled_and_captured_conv_matches_eager(triton_conv: None) -> None:
     packed = pack_split_weight(w)
 
     def conv(t: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.streamdec.conv1d_split_tf32(t, packed[0], packed[1], bias, 3)
+        out = split_conv1d(t, packed, bias, 3)
         return out + 1.0
 
     compiled = torch.compile(conv, fullgraph=True)

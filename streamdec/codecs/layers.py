@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -41,18 +41,20 @@ from streamdec.codecs.precision import pack_split_weight, split_input, split_wei
 from streamdec.errors import ConfigError
 
 
-def _kernel_rule(module: str, name: str) -> Callable[[Tensor], bool] | None:
-    """A GPU kernel's dispatch rule from ``streamdec.kernels``, or None where that package is absent."""
+def _from_kernels(module: str, name: str) -> Callable[..., Any] | None:
+    """A function of ``streamdec.kernels.<module>``, or None where that package is absent."""
     try:
-        rule: Callable[[Tensor], bool] = getattr(importlib.import_module(f"streamdec.kernels.{module}"), name)
+        found: Callable[..., Any] = getattr(importlib.import_module(f"streamdec.kernels.{module}"), name)
     except ModuleNotFoundError:  # pragma: no cover - depends on what is installed
         return None
-    return rule
+    return found
 
 
-# The fused alias-free activation, and the split-TF32 convolution (experimental, opt-in).
-_fused_supported = _kernel_rule("alias_free", "fused_supported")
-_triton_conv_supported = _kernel_rule("conv", "triton_conv_supported")
+# The fused alias-free activation's dispatch rule, and the split-TF32 convolution's (experimental, opt-in)
+# with the call that splits an input and runs it; layers use the call only where the rule let them.
+_fused_supported = _from_kernels("alias_free", "fused_supported")
+_triton_conv_supported = _from_kernels("conv", "triton_conv_supported")
+_split_conv1d = _from_kernels("conv", "split_conv1d")
 
 
 def _takes_split(x: Tensor) -> bool:
@@ -199,9 +201,8 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
         x = F.pad(x, (self.pad_left, self.pad_right))
         if self.packed_split is not None and _takes_split(x):
-            out: Tensor = torch.ops.streamdec.conv1d_split_tf32(
-                x, self.packed_split[0], self.packed_split[1], self.bias, self.dilation[0]
-            )
+            assert _split_conv1d is not None  # packed_split is set only where the kernels loaded
+            out: Tensor = _split_conv1d(x, self.packed_split, self.bias, self.dilation[0])
             return out
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
@@ -278,9 +279,8 @@ class CausalConvTranspose1d(_SplitConvTranspose1d):
         batch, _, length = x.shape
         stride, taps = self.stride[0], packed.shape[1]
         bias = None if self.bias is None else self.bias.repeat(stride)  # channel p*Cout + co -> bias[co]
-        phases: Tensor = torch.ops.streamdec.conv1d_split_tf32(
-            F.pad(x, (taps - 1, 0)), packed[0], packed[1], bias, 1
-        )  # [B, s*Cout, T]
+        assert _split_conv1d is not None  # packed_split is set only where the kernels loaded
+        phases: Tensor = _split_conv1d(F.pad(x, (taps - 1, 0)), packed, bias, 1)  # [B, s*Cout, T]
         cout = phases.shape[1] // stride
         return (
             phases.view(batch, stride, cout, length).permute(0, 2, 3, 1).reshape(batch, cout, length * stride)

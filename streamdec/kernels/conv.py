@@ -1,14 +1,17 @@
 """Split-TF32 convolution with chunked float32 accumulation: custom op and dispatch rule (experimental).
 
-Contract of ``torch.ops.streamdec.conv1d_split_tf32(x, w_hi, w_lo, bias, dilation)``: ``x`` is an already
-padded ``[B, Cin, Tin]`` float32 tensor, ``w_hi`` and ``w_lo`` are the weight's TF32 heads and tails
-packed tap-major, ``[k, Cout, Cin]`` (:func:`streamdec.codecs.precision.pack_split_weight`), ``bias`` is ``[Cout]`` or None; the
-result is ``conv1d(x, w, bias, dilation=dilation)``, ``[B, Cout, Tin - (k-1)*dilation]``.
+Contract of ``torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, w_hi, w_lo, bias, dilation)``: ``x_hi`` and
+``x_lo`` are an already padded ``[B, Cin, Tin]`` float32 input's TF32 heads and tails
+(:func:`streamdec.codecs.precision.split_tf32`), ``w_hi`` and ``w_lo`` the weight's, packed tap-major,
+``[k, Cout, Cin]`` (:func:`streamdec.codecs.precision.pack_split_weight`), ``bias`` is ``[Cout]`` or
+None; the result is ``conv1d(x, w, bias, dilation=dilation)``, ``[B, Cout, Tin - (k-1)*dilation]``.
+:func:`split_conv1d` splits the input and calls it; the split is plain tensor code outside the op so that
+``torch.compile`` fuses it into whatever produced the input (the padding, a residual add).
 
 On CUDA the op runs the Triton kernel of :mod:`streamdec.kernels._triton_conv`, whose point is accuracy
 at tensor-core speed: the split precision through cuDNN lands at 83 dB on a whole AuK decode because one
-tensor-core accumulator carries each whole reduction; the kernel restarts it every few steps. On the CPU
-it runs ``F.conv1d`` on ``w_hi + w_lo`` (which is ``w`` exactly). It has a fake implementation, so
+tensor-core accumulator carries each whole reduction; the kernel restarts it every step. On the CPU
+it runs ``F.conv1d`` on ``x_hi + x_lo`` and ``w_hi + w_lo`` (which are ``x`` and ``w`` exactly). It has a fake implementation, so
 ``torch.compile`` traces it as one node and CUDA graphs capture its launch.
 
 Off unless ``STREAMDEC_TRITON_CONV=1`` at import: it has passed the Triton interpreter but has not yet
@@ -26,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from streamdec.codecs.precision import split_tf32
 from streamdec.errors import DTypeError, ShapeError
 
-__all__ = ["ENABLED", "ENV_ENABLE", "conv1d_split_tf32", "triton_conv_supported"]
+__all__ = ["ENABLED", "ENV_ENABLE", "conv1d_split_tf32", "split_conv1d", "triton_conv_supported"]
 
 ENV_ENABLE = "STREAMDEC_TRITON_CONV"
 # Read once at import, like STREAMDEC_NO_FUSED: compiled graphs trace module constants.
@@ -41,45 +45,58 @@ def triton_conv_supported(x: Tensor) -> bool:
     return ENABLED and HAS_TRITON and x.is_cuda and x.dtype == torch.float32 and x.dim() == 3
 
 
-def _check(x: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> None:
-    if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
+def _check(
+    x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int
+) -> None:
+    if x_hi.dim() != 3 or x_hi.shape != x_lo.shape or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
-            f"conv1d_split_tf32 needs x [B, Cin, T] and w_hi, w_lo [k, Cout, Cin] of one shape, got "
-            f"{tuple(x.shape)}, {tuple(w_hi.shape)}, {tuple(w_lo.shape)}"
+            f"conv1d_split_tf32 needs x_hi, x_lo [B, Cin, T] of one shape and w_hi, w_lo [k, Cout, Cin] of "
+            f"one shape, got {tuple(x_hi.shape)}, {tuple(x_lo.shape)}, {tuple(w_hi.shape)}, {tuple(w_lo.shape)}"
         )
-    if x.shape[1] != w_hi.shape[2] or (bias is not None and bias.shape != (w_hi.shape[1],)):
+    if x_hi.shape[1] != w_hi.shape[2] or (bias is not None and bias.shape != (w_hi.shape[1],)):
         raise ShapeError(
-            f"conv1d_split_tf32: x has {x.shape[1]} channels, the weight {w_hi.shape[2]} inputs and "
+            f"conv1d_split_tf32: x has {x_hi.shape[1]} channels, the weight {w_hi.shape[2]} inputs and "
             f"{w_hi.shape[1]} outputs, bias {None if bias is None else tuple(bias.shape)}"
         )
-    if dilation < 1 or x.shape[2] < (w_hi.shape[0] - 1) * dilation + 1:
+    if dilation < 1 or x_hi.shape[2] < (w_hi.shape[0] - 1) * dilation + 1:
         raise ShapeError(
-            f"conv1d_split_tf32: {x.shape[2]} samples cannot hold a {w_hi.shape[0]}-tap kernel at "
+            f"conv1d_split_tf32: {x_hi.shape[2]} samples cannot hold a {w_hi.shape[0]}-tap kernel at "
             f"dilation {dilation}"
         )
-    for name, t in (("x", x), ("w_hi", w_hi), ("w_lo", w_lo), ("bias", bias)):
+    for name, t in (("x_hi", x_hi), ("x_lo", x_lo), ("w_hi", w_hi), ("w_lo", w_lo), ("bias", bias)):
         if t is not None and t.dtype != torch.float32:
             raise DTypeError(f"conv1d_split_tf32 needs float32 {name}, got {t.dtype}; use .float()")
 
 
 @torch.library.custom_op("streamdec::conv1d_split_tf32", mutates_args=())
-def conv1d_split_tf32(x: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+def conv1d_split_tf32(
+    x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int
+) -> Tensor:
     """See the module docstring."""
-    _check(x, w_hi, w_lo, bias, dilation)
+    _check(x_hi, x_lo, w_hi, w_lo, bias, dilation)
     weight = (w_hi + w_lo).permute(1, 2, 0)  # [k, Cout, Cin] -> [Cout, Cin, k]; hi + lo is w exactly
-    return F.conv1d(x, weight, bias, dilation=dilation)
+    return F.conv1d(x_hi + x_lo, weight, bias, dilation=dilation)
 
 
 @conv1d_split_tf32.register_fake
-def _(x: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+def _(x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
     ksize, cout, _ = w_hi.shape
-    return x.new_empty(x.shape[0], cout, x.shape[2] - (ksize - 1) * dilation)
+    return x_hi.new_empty(x_hi.shape[0], cout, x_hi.shape[2] - (ksize - 1) * dilation)
 
 
 @conv1d_split_tf32.register_kernel("cuda")
-def _(x: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
-    _check(x, w_hi, w_lo, bias, dilation)
+def _(x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    _check(x_hi, x_lo, w_hi, w_lo, bias, dilation)
     from streamdec.kernels import _triton_conv as tc  # Triton is imported only here
 
-    with torch.cuda.device(x.device):  # Triton launches on the current device
-        return tc.conv1d_split(x, w_hi, w_lo, bias, dilation)
+    with torch.cuda.device(x_hi.device):  # Triton launches on the current device
+        return tc.conv1d_split(x_hi, x_lo, w_hi, w_lo, bias, dilation)
+
+
+def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    """``conv1d(x, w, bias, dilation=dilation)`` through the op, ``packed`` = ``pack_split_weight(w)``."""
+    if x.dtype != torch.float32:
+        raise DTypeError(f"split_conv1d needs a float32 x, got {x.dtype}; use .float()")
+    x_hi, x_lo = split_tf32(x)
+    out: Tensor = torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, packed[0], packed[1], bias, dilation)
+    return out
