@@ -17,6 +17,7 @@ applies to FP8 GEMMs). Measured: 111 dB against float64 for that decode.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -86,11 +87,35 @@ class Tiles(NamedTuple):
     """Launch shape: output tile (``block_m`` channels x ``block_n`` samples), channels per step, warps,
     pipeline stages."""
 
-    block_m: int = 64
-    block_n: int = 128
-    block_k: int = 32
-    warps: int = 4
-    stages: int = 3
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+# Chosen from a per-layer sweep over auk-24k at 1 x 70 and 16 x 70 on an H200
+# (bench/results/2026-11-30-h200-conv-sweep-*.json): large tiles when they still fill the GPU twice,
+# otherwise smaller ones that fill it once (a 1 x 70 decode has too few outputs per layer for large tiles).
+LARGE = Tiles(128, 128, 16, 8, 4)
+MEDIUM = Tiles(64, 64, 32, 4, 3)
+SMALL = Tiles(64, 32, 32, 4, 3)
+
+
+def default_tiles(batch: int, cout: int, tout: int, sms: int) -> Tiles:
+    """The launch shape for a ``batch`` x ``cout`` x ``tout`` output on a GPU with ``sms`` multiprocessors."""
+
+    def programs(t: Tiles) -> int:
+        return batch * triton.cdiv(cout, t.block_m) * triton.cdiv(tout, t.block_n)
+
+    if programs(LARGE) >= 2 * sms:
+        return LARGE
+    return MEDIUM if programs(MEDIUM) >= sms else SMALL
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _block(extent: int, lo: int, hi: int) -> int:
@@ -109,7 +134,7 @@ def conv1d_split(
     """Split ``x_hi``/``x_lo`` [B, CIN, TIN], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CIN] -> ``y`` [B, COUT, TOUT].
 
     ``tiles`` overrides the launch shape (``scripts/probe_conv_precision.py --sweep`` times candidates);
-    by default 64 x 128 output tiles with 32-channel steps on 4 warps, shrunk to the layer's extents.
+    by default :func:`default_tiles` picks it. Tiles larger than the layer shrink to its extents.
     """
     batch, cin, tin = x_hi.shape
     ksize, cout, _ = w_hi.shape
@@ -117,7 +142,8 @@ def conv1d_split(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    t = tiles or Tiles()
+    sms = _sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
+    t = tiles or default_tiles(batch, cout, tout, sms)
     # tl.dot needs every block extent >= 16
     block_m, block_n, block_k = (
         _block(cout, 16, t.block_m),
