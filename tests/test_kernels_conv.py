@@ -1,4 +1,4 @@
-"""The experimental split-TF32 conv op on the CPU: its reference path, fake shapes, errors and layer routing.
+"""The split-TF32 conv op on the CPU: its reference path, fake shapes, errors and layer routing.
 
 The Triton kernel itself runs here only under the Triton interpreter (``TRITON_INTERPRET=1`` with Triton
 installed; CI has neither, so it skips): that checks its indexing, masking and per-step accumulation against float64,

