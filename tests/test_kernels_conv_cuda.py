@@ -105,3 +105,16 @@ def test_compiled_and_captured_conv_matches_eager(triton_conv: None) -> None:
         torch.cuda.synchronize()
         assert torch.equal(out, conv(x))  # same kernel, same inputs: bit for bit
         assert not torch.equal(out, eager)  # and the replay read the new input
+
+
+@pytest.mark.parametrize(("channels", "ksize", "dilation", "tout"), AUK_LAYERS[:3])
+def test_row_is_bit_identical_whatever_its_batch(channels: int, ksize: int, dilation: int, tout: int) -> None:
+    """Batch 1 and batch 16 take different launch shapes; a row's result must not change with them."""
+    gen = torch.Generator().manual_seed(channels)
+    x = torch.randn(16, channels, tout + (ksize - 1) * dilation, generator=gen).cuda()
+    w = (torch.randn(channels, channels, ksize, generator=gen) / (channels * ksize) ** 0.5).cuda()
+    packed = pack_split_weight(w)
+    with torch.inference_mode():
+        alone = split_conv1d(x[3:4], packed, None, dilation)
+        batched = split_conv1d(x, packed, None, dilation)
+    assert torch.equal(alone[0], batched[3])
