@@ -38,8 +38,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
     parser.add_argument("--max-emit", type=int, default=64, help="largest tile, in frames")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="CUDA convolutions: fp32 (default; exact), tf32x3 (split TF32: ~1e-4, faster at large "
-                             "batches) or tf32 (fastest; output moves by ~1e-3)")  # fmt: skip
+                        help="CUDA convolutions: fp32 (default; CUDA cores), tf32x3 (split TF32 tensor cores; with "
+                             "Triton float32-accurate and faster, recommended on a GPU) or tf32 (fastest; output "
+                             "moves by ~1e-3)")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
