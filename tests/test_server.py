@@ -298,9 +298,11 @@ async def test_disconnect_mid_stream_frees_the_stream(codec: Any) -> None:
             await start(ws, 2)
             await send_latents(ws, 1, clip(200, 1), chunk=20)
             await ws.recv()  # something was decoded
+        # The handler frees its streams, then returns and leaves the connection count: wait for both.
         with anyio.fail_after(10):
-            while server.open_streams or server.decoder.stats.open_streams:
+            while server.open_streams or server.decoder.stats.open_streams or server.metrics.connections:
                 await anyio.sleep(0.01)
+        assert server.open_streams == 0 and server.decoder.stats.open_streams == 0
         assert server.metrics.connections == 0
 
 
