@@ -1,7 +1,8 @@
 """``streamdec stream IN --url URL OUT.wav``: send a latent file through a server and write the WAV.
 
 Prints time to first audio, the real-time factor and underruns of a simulated listener that starts
-playing at the first audio: an underrun is an audio message arriving while the audio received before it
+playing ``--prebuffer-ms`` after the first audio (100 ms, what ``StreamDecoder`` assumes of a listener when
+it decides to flush early): an underrun is an audio message arriving while the audio received before it
 is shorter than the wall time elapsed since playback started.
 """
 
@@ -41,12 +42,17 @@ def configure_stream(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=list(LATENT_DTYPES), default="float32", help="latent dtype on the wire"
     )
     parser.add_argument("--format", choices=list(SAMPLE_FORMATS), default="pcm_s16le", help="audio format")
+    parser.add_argument("--prebuffer-ms", type=float, default=100.0, help="the simulated listener starts "
+                        "playing this long after the first audio (100, as StreamDecoder assumes)")  # fmt: skip
 
 
 def run_stream(args: argparse.Namespace) -> int:
     """Run ``streamdec stream``; returns the process exit code."""
     if args.chunk < 1:
         print(f"--chunk must be >= 1, got {args.chunk}")
+        return 2
+    if args.prebuffer_ms < 0:
+        print(f"--prebuffer-ms must be >= 0, got {args.prebuffer_ms}")
         return 2
     latents = load_latents(args.input)
     try:
@@ -63,7 +69,7 @@ def run_stream(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace, latents: torch.Tensor) -> StreamResult:
     result = await stream_file(args.url, latents, chunk=args.chunk, realtime=args.realtime, token=args.token,
-                               dtype=args.dtype, fmt=args.format)  # fmt: skip
+                               dtype=args.dtype, fmt=args.format, prebuffer=args.prebuffer_ms / 1000)  # fmt: skip
     write_wav(
         args.output, result.pcm, channels=result.channels, sample_rate=result.sample_rate, fmt=args.format
     )
@@ -75,10 +81,11 @@ async def _main(args: argparse.Namespace, latents: torch.Tensor) -> StreamResult
 
 @dataclass
 class Playback:
-    """A listener that starts playing at the first audio and plays continuously from then on."""
+    """A listener that starts playing ``prebuffer`` seconds after the first audio, then continuously."""
 
     sample_rate: int
-    started_at: float | None = None
+    prebuffer: float = 0.0
+    started_at: float | None = None  # when the first audio arrived
     received: int = 0  # samples per channel received so far
     underruns: int = 0
     worst_deficit: float = 0.0  # seconds: most audio the listener was short of
@@ -87,7 +94,8 @@ class Playback:
     def on_audio(self, now: float, n_samples: int) -> None:
         if self.started_at is None:
             self.started_at = now
-        deficit = (now - self.started_at) - self.received / self.sample_rate
+        played = max(0.0, now - self.started_at - self.prebuffer)  # what the listener has played by now
+        deficit = played - self.received / self.sample_rate
         if deficit > 0 and not self._starved:
             self.underruns += 1  # one underrun per starved stretch, however many messages it spans
         self._starved = deficit > 0
@@ -117,7 +125,8 @@ class StreamResult:
             f"time to first audio {1000 * (self.first_audio_at - self.sent_at):.1f} ms\n"
             f"real-time factor {rtf:.3f} ({wall:.2f} s wall for {self.audio_seconds:.2f} s of audio; "
             f"below 1 is faster than real time)\n"
-            f"underruns {self.playback.underruns} (worst deficit {1000 * self.playback.worst_deficit:.1f} ms)"
+            f"underruns {self.playback.underruns} (worst deficit {1000 * self.playback.worst_deficit:.1f} ms, "
+            f"listener prebuffer {1000 * self.playback.prebuffer:.0f} ms)"
         )
 
 
@@ -130,12 +139,14 @@ async def stream_file(
     token: str | None = None,
     dtype: str = "float32",
     fmt: str = "pcm_s16le",
+    prebuffer: float = 0.1,
 ) -> StreamResult:
-    """Stream ``latents`` ``[T, D]`` in messages of ``chunk`` frames and collect the audio."""
+    """Stream ``latents`` ``[T, D]`` in messages of ``chunk`` frames and collect the audio; the result's
+    playback counts underruns for a listener that buffers ``prebuffer`` seconds before playing."""
     async with connect(url, token=token) as conn:
         codec = conn.codec
         stream = await conn.open_stream(dtype=dtype, format=fmt)
-        playback = Playback(codec.sample_rate)
+        playback = Playback(codec.sample_rate, prebuffer)
         pcm: list[bytes] = []
         sent_at = time.monotonic()
         async with anyio.create_task_group() as tg:

@@ -109,6 +109,16 @@ def test_playback_counts_underruns() -> None:
     assert play.worst_deficit == pytest.approx(0.7)
 
 
+def test_playback_prebuffer_delays_the_start() -> None:
+    """With a prebuffer the listener starts that much later: the same arrivals underrun less."""
+    play = Playback(sample_rate=1000, prebuffer=0.2)
+    play.on_audio(10.0, 100)  # first audio; playing starts at 10.2
+    play.on_audio(10.25, 100)  # 0.05 s played < 0.1 s received: fine (without the prebuffer: starved)
+    play.on_audio(10.45, 100)  # 0.25 s played > 0.2 s received: underrun
+    assert play.underruns == 1
+    assert play.worst_deficit == pytest.approx(0.05)
+
+
 @pytest.mark.parametrize("fmt", ["pcm_s16le", "pcm_f32le"])
 async def test_stream_command_writes_the_wav(codec: Any, tmp_path: Path, fmt: str, capsys: Any) -> None:
     """`streamdec stream IN --url URL OUT.wav` writes the decoded audio and prints the three figures."""
@@ -197,3 +207,15 @@ async def test_serve_prints_url_and_sigterm_finishes_streams_then_1001(codec: An
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--chunk", "0"), ("--prebuffer-ms", "-5")])
+def test_stream_command_refuses_bad_numbers(tmp_path: Path, flag: str, value: str, capsys: Any) -> None:
+    """Bad numeric options exit with status 2 and say why, before anything is read or sent."""
+    parser = argparse.ArgumentParser()
+    configure_stream(parser)
+    args = parser.parse_args([str(tmp_path / "missing.npy"), "--url", "ws://127.0.0.1:1/v1/stream",
+                              str(tmp_path / "out.wav"), flag, value])  # fmt: skip
+    assert run_stream(args) == 2
+    assert flag in capsys.readouterr().out
+    assert not (tmp_path / "out.wav").exists()
