@@ -19,7 +19,6 @@ import copy
 import functools
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamdec.bench.meta import git_commit
+from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.base import WindowRequest
@@ -129,43 +128,17 @@ def _errors(ref: torch.Tensor, out: torch.Tensor) -> dict[str, Any]:
     }
 
 
-class Bench:
+class Bench(ResultFile):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.began = time.monotonic()
+        timing = "CUDA events around each call on a side stream, after warm-up; median of reps"
+        header = script_header(codec=args.codec, precision=args.precision, commit=args.commit, timing=timing)
+        super().__init__(args.out, {**header, "floor": floor_per_frame(args.codec), "accuracy": {},
+                                    "shapes": [], "compile": [], "engine": {}, "skipped": []})  # fmt: skip
         self.codec: Codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
         self.codec.precision = args.precision
         self.forward = static_forward(self.codec)
         self.stream = torch.cuda.Stream()
-        self.result: dict[str, Any] = {
-            "command": " ".join([sys.executable, *sys.argv]),
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "python": platform.python_version(),
-            "commit": args.commit or git_commit(Path(__file__).resolve().parents[1])[0],
-            "codec": args.codec,
-            "dtype": "float32",
-            "precision": args.precision,
-            # switches that change what runs (STREAMDEC_TRITON_CONV, STREAMDEC_NO_FUSED, ...)
-            "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
-            "timing": "CUDA events around each call on a side stream, after warm-up; median of reps",
-            "floor": floor_per_frame(args.codec),
-            "accuracy": {},
-            "shapes": [],
-            "compile": [],
-            "engine": {},
-            "skipped": [],
-        }
-        self.save()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.began
-
-    def save(self) -> None:
-        Path(self.args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.args.out).write_text(json.dumps(self.result, indent=2) + "\n")
 
     def accuracy(self, batch: int = 2, frames: int = 70) -> None:
         """Eager decode error of each precision against a float64 decode of the same weights."""

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -37,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamdec.kernels.alias_free as af
-from streamdec.bench.meta import git_commit
+from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.codecs.precision import PRECISIONS
@@ -99,41 +97,15 @@ def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.double().pow(2).sum() / noise))
 
 
-class Bench:
+class Bench(ResultFile):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.began = time.monotonic()
         import triton
 
-        self.result: dict[str, Any] = {
-            "command": " ".join([sys.executable, *sys.argv]),
-            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "cuda": torch.version.cuda,
-            "python": platform.python_version(),
-            "commit": args.commit or git_commit(Path(__file__).resolve().parents[1])[0],
-            "codec": args.codec,
-            "dtype": "float32",
-            "precision": args.precision,
-            # switches that change what runs (STREAMDEC_TRITON_CONV, STREAMDEC_NO_FUSED, ...)
-            "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
-            "timing": "CUDA events, median of reps after warm-up; graph replays on the engine's stream",
-            "layers": [],
-            "decode_errors": [],
-            "decode": [],
-            "compile": [],
-            "skipped": [],
-        }
-        self.save()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.began
-
-    def save(self) -> None:
-        Path(self.args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(self.args.out).write_text(json.dumps(self.result, indent=2) + "\n")
+        self.args = args
+        timing = "CUDA events, median of reps after warm-up; graph replays on the engine's stream"
+        header = script_header(codec=args.codec, precision=args.precision, commit=args.commit, timing=timing)
+        super().__init__(args.out, {**header, "triton": triton.__version__, "layers": [], "decode_errors": [],
+                                    "decode": [], "compile": [], "skipped": []})  # fmt: skip
 
     # -- per-layer ------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from streamdec.bench import BenchConfig, run
 from streamdec.bench.cli import config_from_args, configure_bench, summary_table
 from streamdec.bench.concurrency import listen, simulate_policy
+from streamdec.bench.meta import ResultFile
 from streamdec.bench.quality import crossfade_chunks, error_metrics, naive_chunks, seam_samples
 from streamdec.errors import ConfigError
 
@@ -146,3 +147,14 @@ def test_smoke_run_writes_png_plots(smoke: tuple[dict[str, Any], Path]) -> None:
     assert len(result["plots"]) == 4
     for name in result["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_result_file_is_written_at_once_and_rewritten_whole(tmp_path: Path) -> None:
+    """The GPU scripts' JSON exists from the start and each save replaces it with the current figures."""
+    out = tmp_path / "deep" / "run.json"
+    run = ResultFile(out, {"command": "x", "shapes": []})
+    assert json.loads(out.read_text()) == {"command": "x", "shapes": []}
+    run.result["shapes"].append({"batch": 1, "ms": 2.5})
+    run.save()
+    assert json.loads(out.read_text())["shapes"] == [{"batch": 1, "ms": 2.5}]
+    assert run.elapsed() >= 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -15,7 +16,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["UtilSampler", "device_slug", "environment", "finish_environment", "git_commit"]
+__all__ = [
+    "ResultFile",
+    "UtilSampler",
+    "device_slug",
+    "environment",
+    "finish_environment",
+    "git_commit",
+    "script_header",
+]
 
 
 def git_commit(root: Path) -> tuple[str, bool | None]:
@@ -101,6 +110,45 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 def finish_environment(env: dict[str, Any]) -> None:
     env["load_average_end"] = _load_average()
+
+
+def script_header(*, codec: str, precision: str, commit: str | None, timing: str) -> dict[str, Any]:
+    """The head of a GPU script's JSON (``scripts/bench_gpu.py``, ``bench_kernels.py``): the command,
+    date, device, versions, commit (``commit``, else git's), codec, precision, the ``STREAMDEC_*``
+    switches and how it timed. Needs CUDA."""
+    return {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "commit": commit or git_commit(Path(__file__).resolve().parents[2])[0],
+        "codec": codec,
+        "dtype": "float32",
+        "precision": precision,
+        # switches that change what runs (STREAMDEC_TRITON_CONV, STREAMDEC_NO_FUSED, ...)
+        "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
+        "timing": timing,
+    }
+
+
+class ResultFile:
+    """A script's JSON result, rewritten whole after every measurement, so a run cut short still leaves
+    its figures; ``elapsed()`` is the time since it was created (the scripts' time budgets)."""
+
+    def __init__(self, out: str | Path, result: dict[str, Any]) -> None:
+        self.out = Path(out)
+        self.result = result
+        self.began = time.monotonic()
+        self.save()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    def save(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.out.write_text(json.dumps(self.result, indent=2) + "\n")
 
 
 class UtilSampler:
