@@ -37,10 +37,10 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="seconds a listener may read nothing before it is closed with 1013")  # fmt: skip
     parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
     parser.add_argument("--max-emit", type=int, default=64, help="largest tile, in frames")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="CUDA convolutions: fp32 (default; CUDA cores), tf32x3 (split TF32 tensor cores; with "
-                             "Triton float32-accurate and faster, recommended on a GPU) or tf32 (fastest; output "
-                             "moves by ~1e-3)")  # fmt: skip
+    parser.add_argument("--precision", choices=["auto", *PRECISIONS], default="auto",
+                        help="CUDA convolutions: auto (default: tf32x3 where every convolution takes the Triton "
+                             "split, else fp32), fp32 (CUDA cores), tf32x3 (split TF32 tensor cores; with Triton "
+                             "float32-accurate and faster) or tf32 (fastest; output moves by ~1e-3)")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
@@ -67,7 +67,12 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     from .app import StreamServer
 
     codec = load_codec_from_args(args)
-    codec.precision = args.precision
+    if args.precision == "auto":
+        chosen = codec.use_auto_precision()
+    else:
+        codec.precision = chosen = args.precision
+    if codec.pad_latent.device.type == "cuda":  # the precision means nothing on the CPU
+        print(f"streamdec: precision {chosen}" + (" (auto)" if args.precision == "auto" else ""), flush=True)
     # On CUDA: warm every bucket at start-up, then freeze; a shape nobody warmed (a clip shorter than the
     # smallest window) is decoded eagerly and counted, never captured mid-serving.
     cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}

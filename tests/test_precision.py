@@ -175,3 +175,35 @@ def test_split_path_computes_the_same_decode(name: str, monkeypatch: pytest.Monk
     # same arithmetic, more terms: within a small multiple of plain fp32's own round-off
     assert split_err <= 4 * plain_err + 1e-7 * peak, (split_err, plain_err, peak)
     assert not np.isnan(split_err)
+
+
+def test_auto_precision_is_fp32_off_the_triton_path() -> None:
+    """On the CPU no convolution takes the Triton split, so auto picks fp32 and leaves no split cache."""
+    codec = load_codec("tiny")
+    assert codec.use_auto_precision() == "fp32"
+    assert codec.precision == "fp32"
+    assert all(
+        m.split_weight is None and m.packed_split is None for m in codec.modules() if isinstance(m, SplitConv)
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [("tiny", "tf32x3"), ("dac-tiny", "fp32"), ("bigvgan-tiny", "fp32")]
+)
+def test_auto_precision_takes_tf32x3_only_when_every_conv_is_on_triton(
+    name: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernel's rule granting float32 (as CUDA would), AuK-style models have a conv form for every
+    layer; DAC's and BigVGAN's padded transposed convs do not, and a mixed model would land at 83 dB."""
+    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    codec = load_codec(name)
+    assert codec.use_auto_precision() == expected
+    assert codec.precision == expected
+
+
+def test_auto_precision_falls_back_when_tf32x3_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    module = nn.Sequential(nn.Conv1d(8, 1, 3, padding=1))
+    codec = ModuleCodec(module, latent_dim=8, hop_size=1, sample_rate=8000, context=(1, 1))
+    assert codec.use_auto_precision() == "fp32"
+    assert codec.precision == "fp32"

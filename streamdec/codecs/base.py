@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, frame_context
-from streamdec.codecs.layers import refresh_caches, set_split_convs
+from streamdec.codecs.layers import all_convs_on_triton_split, refresh_caches, set_split_convs
 from streamdec.codecs.precision import Precision, check_precision
-from streamdec.errors import DTypeError, ShapeError
+from streamdec.errors import ConfigError, DTypeError, ShapeError
 
 __all__ = ["Codec", "ConfiguredCodec"]
 
@@ -120,6 +120,24 @@ class Codec(nn.Module, abc.ABC):
         checked = check_precision(value)
         set_split_convs(self, checked == "tf32x3")
         self._precision = checked
+
+    def use_auto_precision(self) -> Precision:
+        """Set, and return, the fastest precision that keeps float32 accuracy here.
+
+        ``"tf32x3"`` where every convolution then runs through the Triton split kernel (CUDA, float32
+        weights, Triton installed, and no convolution the kernel cannot take), which is both faster and
+        more accurate than ``"fp32"`` on an H200; ``"fp32"`` otherwise, including wherever some layer
+        would fall back to the cuDNN split (83 dB). ``streamdec serve --precision auto`` calls this.
+        """
+        try:
+            self.precision = "tf32x3"
+        except ConfigError:  # a convolution tf32x3 cannot split: nothing was changed
+            pass
+        else:
+            if all_convs_on_triton_split(self):
+                return "tf32x3"
+        self.precision = "fp32"
+        return "fp32"
 
     @contextlib.contextmanager
     def numerics(self) -> Iterator[None]:

@@ -502,6 +502,14 @@ def refresh_caches(module: nn.Module) -> None:
             sub.refresh_split()
 
 
+def all_convs_on_triton_split(module: nn.Module) -> bool:
+    """Whether every convolution of ``module`` runs through the Triton split kernel: true only after
+    ``set_split_convs(module, True)`` on CUDA float32 weights with the kernel on, and only where each
+    layer has an ordinary-convolution form (:meth:`SplitConv.triton_weight`)."""
+    convs = [sub for sub in module.modules() if isinstance(sub, SplitConv)]
+    return bool(convs) and all(sub.packed_split is not None for sub in convs)
+
+
 def set_split_convs(module: nn.Module, enabled: bool) -> None:
     """Switch every convolution in ``module`` to the tf32x3 split path, or back to plain.
 
