@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, frame_context
 from streamdec.codecs.layers import all_convs_on_triton_split, refresh_caches, set_split_convs
-from streamdec.codecs.precision import Precision, check_precision
+from streamdec.codecs.precision import AUTO_PREFERENCE, Precision, check_precision
 from streamdec.errors import ConfigError, DTypeError, ShapeError
 
 __all__ = ["Codec", "ConfiguredCodec"]
@@ -118,7 +118,7 @@ class Codec(nn.Module, abc.ABC):
     @precision.setter
     def precision(self, value: Precision) -> None:
         checked = check_precision(value)
-        set_split_convs(self, checked == "tf32x3")
+        set_split_convs(self, checked in ("tf32x3", "fp16x3"), f16=checked == "fp16x3")
         self._precision = checked
 
     def use_auto_precision(self) -> Precision:
@@ -129,13 +129,13 @@ class Codec(nn.Module, abc.ABC):
         more accurate than ``"fp32"`` on an H200; ``"fp32"`` otherwise, including wherever some layer
         would fall back to the cuDNN split (83 dB). ``streamdec serve --precision auto`` calls this.
         """
-        try:
-            self.precision = "tf32x3"
-        except ConfigError:  # a convolution tf32x3 cannot split: nothing was changed
-            pass
-        else:
+        for choice in AUTO_PREFERENCE:
+            try:
+                self.precision = choice
+            except ConfigError:  # a convolution the split cannot take: nothing was changed
+                break
             if all_convs_on_triton_split(self):
-                return "tf32x3"
+                return choice
         self.precision = "fp32"
         return "fp32"
 

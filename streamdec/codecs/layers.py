@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval, through
-from streamdec.codecs.precision import pack_split_weight, split_input, split_weight
+from streamdec.codecs.precision import pack_split_weight, pack_split_weight_f16, split_input, split_weight
 from streamdec.errors import ConfigError
 
 
@@ -54,7 +54,9 @@ def _from_kernels(module: str, name: str) -> Callable[..., Any] | None:
 # splits an input and runs it; layers use the call only where the rule let them.
 _fused_supported = _from_kernels("alias_free", "fused_supported")
 _triton_conv_supported = _from_kernels("conv", "triton_conv_supported")
+_f16_conv_supported = _from_kernels("conv", "f16_conv_supported")
 _split_conv1d = _from_kernels("conv", "split_conv1d")
+_split_conv1d_f16 = _from_kernels("conv", "split_conv1d_f16")
 
 
 def _takes_split(x: Tensor) -> bool:
@@ -114,12 +116,14 @@ def kaiser_sinc_filter(
 
 
 class SplitConv(nn.Module):
-    """What this package's conv layers share: the ``"tf32x3"`` path (:mod:`streamdec.codecs.precision`).
+    """What this package's conv layers share: the split paths (:mod:`streamdec.codecs.precision`).
 
     ``split_weight`` is None (plain convolution) until :meth:`set_split` caches ``[w_hi, w_lo, w_hi]``;
     from then on a CUDA float32 input is convolved as ``[x_hi, x_hi, x_lo]`` against it, in one call.
-    With the Triton split kernel on (:mod:`streamdec.kernels.conv`), a layer that is an ordinary
-    convolution (:meth:`triton_weight`) caches ``packed_split`` for that kernel instead.
+    With the Triton split kernels on (:mod:`streamdec.kernels.conv`), a layer that is an ordinary
+    convolution (:meth:`triton_weight`) caches that form for a kernel instead: ``packed_f16`` and
+    ``f16_inverse`` for the float16 one (``"fp16x3"``, on GPUs with TMA), else ``packed_split`` for the
+    TF32 one.
     The cache is non-persistent (never in a checkpoint); :func:`refresh_caches` rebuilds it after a weight
     or dtype change, and a layer whose weights are not float32 keeps none (TF32 is a float32 matter).
     Use :func:`set_split_convs` on a whole model: it checks every layer before changing any.
@@ -130,15 +134,19 @@ class SplitConv(nn.Module):
     weight: Tensor
     groups: int
     split_weight: Tensor | None  # [w_hi, w_lo, w_hi] stacked on the input channels, for cuDNN
-    packed_split: Tensor | None  # [2, k, Cout, Cin] heads and tails, for the Triton kernel when it is on
+    packed_split: Tensor | None  # [2, k, Cout, Cin] heads and tails, for the TF32 Triton kernel
+    packed_f16: Tensor | None  # [2, k, Cout, Cin'] float16 heads and tails, for the float16 kernel
+    f16_inverse: Tensor | None  # [Cout]: the power-of-two scale packed_f16 carries, inverted
     split_enabled = False
+    split_f16 = False
 
     def _register_split_buffers(self) -> None:
-        self.register_buffer("split_weight", None, persistent=False)
-        self.register_buffer("packed_split", None, persistent=False)
+        for name in ("split_weight", "packed_split", "packed_f16", "f16_inverse"):
+            self.register_buffer(name, None, persistent=False)
 
-    def set_split(self, enabled: bool) -> None:
-        self.split_enabled = enabled
+    def set_split(self, enabled: bool, *, f16: bool = False) -> None:
+        """Take the split path (``f16``: the float16 kernel where it can run this layer), or not."""
+        self.split_enabled, self.split_f16 = enabled, enabled and f16
         self.refresh_split()
 
     def refresh_split(self) -> None:
@@ -146,8 +154,25 @@ class SplitConv(nn.Module):
         on = self.split_enabled and self.weight.dtype == torch.float32
         triton = on and _triton_conv_supported is not None and _triton_conv_supported(self.weight)
         as_conv = self.triton_weight() if triton else None
-        self.packed_split = None if as_conv is None else pack_split_weight(as_conv)
+        f16 = self.split_f16 and _f16_conv_supported is not None and _f16_conv_supported(self.weight)
+        f16_form = pack_split_weight_f16(as_conv) if f16 and as_conv is not None else None
+        self.packed_f16, self.f16_inverse = f16_form or (None, None)
+        self.packed_split = pack_split_weight(as_conv) if as_conv is not None and f16_form is None else None
         self.split_weight = split_weight(self.weight, self.weight_in_dim) if on and as_conv is None else None
+
+    def on_triton(self, x: Tensor) -> bool:
+        """Whether this call goes through a Triton split kernel (:meth:`triton_conv`)."""
+        return (self.packed_split is not None or self.packed_f16 is not None) and _takes_split(x)
+
+    def triton_conv(self, x: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+        """``x`` (padded) through this layer's ordinary-convolution form, on whichever kernel holds it."""
+        if self.packed_f16 is not None:
+            assert _split_conv1d_f16 is not None and self.f16_inverse is not None  # set only where it loaded
+            out: Tensor = _split_conv1d_f16(x, self.packed_f16, self.f16_inverse, bias, dilation)
+            return out
+        assert _split_conv1d is not None and self.packed_split is not None  # likewise
+        out = _split_conv1d(x, self.packed_split, bias, dilation)
+        return out
 
     def triton_weight(self) -> Tensor | None:
         """This layer as an ordinary ``[Cout, Cin, k]`` convolution the Triton kernel runs, if it can be one."""
@@ -200,10 +225,8 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
 
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
         x = F.pad(x, (self.pad_left, self.pad_right))
-        if self.packed_split is not None and _takes_split(x):
-            assert _split_conv1d is not None  # packed_split is set only where the kernels loaded
-            out: Tensor = _split_conv1d(x, self.packed_split, self.bias, self.dilation[0])
-            return out
+        if self.on_triton(x):
+            return self.triton_conv(x, self.bias, self.dilation[0])
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)
@@ -270,17 +293,17 @@ class CausalConvTranspose1d(_SplitConvTranspose1d):
     def forward(self, x: Tensor, output_size: list[int] | None = None) -> Tensor:  # [B,Cin,T] -> [B,Cout,T*s]
         if output_size is not None:
             raise ValueError("CausalConvTranspose1d always returns T*stride samples; drop output_size")
-        if self.packed_split is not None and _takes_split(x):
-            return self._polyphase(x, self.packed_split)
+        if self.on_triton(x):
+            return self._polyphase(x)
         y = self.convolve(x)
         return y[..., : x.shape[-1] * self.stride[0]]
 
-    def _polyphase(self, x: Tensor, packed: Tensor) -> Tensor:
+    def _polyphase(self, x: Tensor) -> Tensor:
         batch, _, length = x.shape
-        stride, taps = self.stride[0], packed.shape[1]
+        stride = self.stride[0]
+        taps = self.kernel_size[0] // stride
         bias = None if self.bias is None else self.bias.repeat(stride)  # channel p*Cout + co -> bias[co]
-        assert _split_conv1d is not None  # packed_split is set only where the kernels loaded
-        phases: Tensor = _split_conv1d(F.pad(x, (taps - 1, 0)), packed, bias, 1)  # [B, s*Cout, T]
+        phases = self.triton_conv(F.pad(x, (taps - 1, 0)), bias, 1)  # [B, s*Cout, T]
         cout = phases.shape[1] // stride
         return (
             phases.view(batch, stride, cout, length).permute(0, 2, 3, 1).reshape(batch, cout, length * stride)
@@ -503,15 +526,16 @@ def refresh_caches(module: nn.Module) -> None:
 
 
 def all_convs_on_triton_split(module: nn.Module) -> bool:
-    """Whether every convolution of ``module`` runs through the Triton split kernel: true only after
-    ``set_split_convs(module, True)`` on CUDA float32 weights with the kernel on, and only where each
+    """Whether every convolution of ``module`` runs through a Triton split kernel: true only after
+    ``set_split_convs(module, True)`` on CUDA float32 weights with the kernels on, and only where each
     layer has an ordinary-convolution form (:meth:`SplitConv.triton_weight`)."""
     convs = [sub for sub in module.modules() if isinstance(sub, SplitConv)]
-    return bool(convs) and all(sub.packed_split is not None for sub in convs)
+    return bool(convs) and all(sub.packed_split is not None or sub.packed_f16 is not None for sub in convs)
 
 
-def set_split_convs(module: nn.Module, enabled: bool) -> None:
-    """Switch every convolution in ``module`` to the tf32x3 split path, or back to plain.
+def set_split_convs(module: nn.Module, enabled: bool, *, f16: bool = False) -> None:
+    """Switch every convolution in ``module`` to the split path (``f16``: the float16 kernel where a
+    layer can take it, ``"fp16x3"``; else ``"tf32x3"``), or back to plain.
 
     Raises :class:`ConfigError` (and changes nothing) when enabling finds a convolution module that is
     not a :class:`SplitConv`: under the TF32 flag that split precision sets, it would silently run in TF32.
@@ -533,6 +557,6 @@ def set_split_convs(module: nn.Module, enabled: bool) -> None:
             )
     for sub in module.modules():
         if isinstance(sub, SplitConv):
-            sub.set_split(enabled)
+            sub.set_split(enabled, f16=f16)
         elif isinstance(sub, AliasFreeActivation):
             sub.split_filters = enabled

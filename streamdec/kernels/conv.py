@@ -31,10 +31,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from streamdec.codecs.precision import split_tf32
+from streamdec.codecs.precision import split_input_f16, split_tf32
 from streamdec.errors import DTypeError, ShapeError
 
-__all__ = ["ENABLED", "ENV_ENABLE", "conv1d_split_tf32", "split_conv1d", "triton_conv_supported"]
+__all__ = [
+    "ENABLED",
+    "ENV_ENABLE",
+    "conv1d_split_f16",
+    "conv1d_split_tf32",
+    "f16_conv_supported",
+    "split_conv1d",
+    "split_conv1d_f16",
+    "triton_conv_supported",
+]
 
 ENV_ENABLE = "STREAMDEC_TRITON_CONV"
 # Read once at import, like STREAMDEC_NO_FUSED: compiled graphs trace module constants.
@@ -45,6 +54,12 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 def triton_conv_supported(x: Tensor) -> bool:
     """True when a tf32x3 conv layer may send input ``x`` through the Triton kernel."""
     return ENABLED and HAS_TRITON and x.is_cuda and x.dtype == torch.float32 and x.dim() == 3
+
+
+def f16_conv_supported(weight: Tensor) -> bool:
+    """True when an fp16x3 conv layer with this ``[Cout, Cin, k]`` weight may use the float16 kernel:
+    the Triton conv is on, and the GPU has TMA (compute capability 9.0 or newer)."""
+    return triton_conv_supported(weight) and torch.cuda.get_device_capability(weight.device) >= (9, 0)
 
 
 def _check(
@@ -101,4 +116,87 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int) 
         raise DTypeError(f"split_conv1d needs a float32 x, got {x.dtype}; use .float()")
     x_hi, x_lo = split_tf32(x)
     out: Tensor = torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, packed[0], packed[1], bias, dilation)
+    return out
+
+
+def _check_f16(
+    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
+    bias: Tensor | None, dilation: int,
+) -> None:  # fmt: skip
+    if x_hi.dim() != 3 or x_hi.shape != x_lo.shape or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
+        raise ShapeError(
+            f"conv1d_split_f16 needs x_hi, x_lo [B, T, Cin'] of one shape and w_hi, w_lo [k, Cout, Cin'] of "
+            f"one shape, got {tuple(x_hi.shape)}, {tuple(x_lo.shape)}, {tuple(w_hi.shape)}, {tuple(w_lo.shape)}"
+        )
+    batch, samples, channels = x_hi.shape
+    ksize, cout, _ = w_hi.shape
+    if channels != w_hi.shape[2] or x_inv.shape != (batch,) or w_inv.shape != (cout,):
+        raise ShapeError(
+            f"conv1d_split_f16: x has {channels} padded channels and {tuple(x_inv.shape)} scales for batch "
+            f"{batch}; the weight {w_hi.shape[2]} inputs, {cout} outputs and {tuple(w_inv.shape)} scales"
+        )
+    if (bias is not None and bias.shape != (cout,)) or dilation < 1 or samples < (ksize - 1) * dilation + 1:
+        raise ShapeError(
+            f"conv1d_split_f16: {samples} samples, a {ksize}-tap kernel at dilation {dilation}, bias "
+            f"{None if bias is None else tuple(bias.shape)} for {cout} outputs"
+        )
+    for name, t, dtype in (
+        ("x_hi", x_hi, torch.float16), ("x_lo", x_lo, torch.float16), ("w_hi", w_hi, torch.float16),
+        ("w_lo", w_lo, torch.float16), ("x_inv", x_inv, torch.float32), ("w_inv", w_inv, torch.float32),
+        ("bias", bias, torch.float32),
+    ):  # fmt: skip
+        if t is not None and t.dtype != dtype:
+            raise DTypeError(f"conv1d_split_f16 needs {dtype} {name}, got {t.dtype}")
+
+
+@torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=())
+def conv1d_split_f16(
+    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
+    bias: Tensor | None, dilation: int,
+) -> Tensor:  # fmt: skip
+    """``conv1d(x, w, bias, dilation=dilation)`` from float16 splits: ``x_hi``/``x_lo`` channels-last
+    ``[B, T, Cin']`` with ``(x_hi + x_lo) * x_inv[b] ~ x`` (:func:`~streamdec.codecs.precision.split_input_f16`),
+    ``w_hi``/``w_lo`` ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``
+    (:func:`~streamdec.codecs.precision.pack_split_weight_f16`); ``Cin'`` may include zero padding.
+    Result ``[B, Cout, T - (k-1)*dilation]`` float32. On the CPU: float32 ``F.conv1d`` of the
+    reassembled operands (the sums are exact in float32)."""
+    _check_f16(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
+    x = (x_hi.float() + x_lo.float()).transpose(1, 2) * x_inv[:, None, None]
+    weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
+    return F.conv1d(x, weight, bias, dilation=dilation)
+
+
+@conv1d_split_f16.register_fake
+def _(
+    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
+    bias: Tensor | None, dilation: int,
+) -> Tensor:  # fmt: skip
+    ksize, cout, _ = w_hi.shape
+    return x_hi.new_empty(x_hi.shape[0], cout, x_hi.shape[1] - (ksize - 1) * dilation, dtype=torch.float32)
+
+
+@conv1d_split_f16.register_kernel("cuda")
+def _(
+    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
+    bias: Tensor | None, dilation: int,
+) -> Tensor:  # fmt: skip
+    _check_f16(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
+    from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
+
+    with torch.cuda.device(x_hi.device):
+        return tc.conv1d_f16x3(x_hi.contiguous(), x_lo.contiguous(), x_inv, w_hi, w_lo, w_inv, bias, dilation)
+
+
+def split_conv1d_f16(
+    x: Tensor, packed: Tensor, inverse: Tensor, bias: Tensor | None, dilation: int
+) -> Tensor:
+    """``conv1d(x, w, bias, dilation=dilation)`` through the float16 op, ``(packed, inverse)`` =
+    ``pack_split_weight_f16(w)``. The split is tensor code here, outside the op, for the same reason as
+    :func:`split_conv1d`'s."""
+    if x.dtype != torch.float32:
+        raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
+    x_hi, x_lo, x_inv = split_input_f16(x)
+    out: Tensor = torch.ops.streamdec.conv1d_split_f16(
+        x_hi, x_lo, x_inv, packed[0], packed[1], inverse, bias, dilation
+    )
     return out

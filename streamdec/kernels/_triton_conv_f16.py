@@ -1,0 +1,266 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-any-return"
+"""Triton conv1d on the float16 tensor cores, float32-exact products (imported where Triton is).
+
+Computes ``y[b, o, t] = bias[o] + sum_j sum_c w[o, c, j] * x[b, c, t + j * dil]`` as an implicit GEMM
+(``M`` = output channels, ``N`` = output samples, the reduction over (tap, channel block) steps) from
+operands split by :func:`streamdec.kernels.conv.split_f16` and :func:`~streamdec.kernels.conv.pack_f16`:
+``x * 2**kx[b] = x_hi + x_lo`` and ``w * 2**kw[o] = w_hi + w_lo``, every part float16. The power-of-two
+scales (one per batch row, one per output channel) put each operand's largest magnitude in
+``[2**13, 2**14)``, inside float16's range, and far enough above its subnormals that the tail keeps 11
+bits wherever it matters: the split carries 22 of float32's 24 bits, like the TF32 split, in half the
+bytes, and float16 products run at twice TF32's rate. Being powers of two and applied per row and per
+output channel, the scales factor out of every sum exactly; the epilogue multiplies them back.
+
+Each step multiplies three times, ``w_lo * x_hi + w_hi * x_lo + w_hi * x_hi``, into a fresh tensor-core
+accumulator that an ordinary float32 add folds into the running sum (the tensor cores' accumulator
+loses a little at every MMA step; see :mod:`streamdec.kernels._triton_conv`). Operands arrive by TMA
+(tensor descriptors: no per-element address registers, no masks; zero fill past the ends) into
+swizzled shared memory, where ``wgmma`` reads them.
+
+The reduction is cut into ``chunks`` of whole steps, fixed per layer: each chunk sums its steps from
+zero and the chunks are added in order. A small grid (batch 1) runs one chunk per program and a second
+kernel adds them (split-K); a large grid runs all chunks in one program. Both add the same numbers in
+the same order, so a row's output is bit-identical whatever batch it is computed in.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
+
+
+@triton.jit
+def _conv1d_f16x3_kernel(
+    x_hi_desc,  # [B * TIN, CP] float16: scaled input heads, channels-last, channels padded to CP
+    x_lo_desc,  # same: tails
+    w_hi_desc,  # [KSIZE * COUT, CP] float16: scaled weight heads, tap-major
+    w_lo_desc,  # same: tails
+    x_inv_ptr,  # [B] float32: 2**-kx
+    w_inv_ptr,  # [COUT] float32: 2**-kw
+    bias_ptr,  # [COUT] (read only when HAS_BIAS)
+    out_ptr,  # SPLIT: [NCHUNK, B, COUT, TOUT] chunk sums; else y [B, COUT, TOUT]
+    B,
+    CP,
+    COUT,
+    TIN,
+    TOUT,
+    DIL,
+    CHUNK,  # steps per chunk
+    NCHUNK,
+    KSIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_z = tl.program_id(2)
+    if SPLIT:
+        batch = pid_z // NCHUNK
+        first = pid_z % NCHUNK
+        last = first + 1
+    else:
+        batch = pid_z
+        first = 0
+        last = NCHUNK
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    k_blocks = CP // BLOCK_K
+    steps = KSIZE * k_blocks
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for chunk in range(first, last):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for step in range(chunk * CHUNK, tl.minimum(steps, (chunk + 1) * CHUNK)):
+            tap = step // k_blocks
+            c0 = (step % k_blocks) * BLOCK_K
+            # A box may run past its block: weight rows past COUT into the next tap, input samples past
+            # TIN into the next batch row (or zero fill at the ends). Those only feed outputs the store
+            # masks off (output t reads inputs t + tap * DIL < TIN of its own row).
+            w_hi = w_hi_desc.load([tap * COUT + m0, c0])
+            w_lo = w_lo_desc.load([tap * COUT + m0, c0])
+            x_hi = x_hi_desc.load([batch * TIN + n0 + tap * DIL, c0]).T  # [BLOCK_K, BLOCK_N], K-major
+            x_lo = x_lo_desc.load([batch * TIN + n0 + tap * DIL, c0]).T
+            part = tl.dot(w_lo, x_hi)
+            part = tl.dot(w_hi, x_lo, part)
+            part = tl.dot(w_hi, x_hi, part)
+            acc += part
+        total += acc
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
+    if SPLIT:
+        row = (first.to(tl.int64) * B + batch) * COUT
+        tl.store(out_ptr + (row + offs_m[:, None]) * TOUT + offs_n[None, :], total, mask=mask)
+    else:
+        y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
+        row = batch.to(tl.int64) * COUT
+        tl.store(out_ptr + (row + offs_m[:, None]) * TOUT + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS: tl.constexpr):
+    """The scales back out (exact: powers of two), then the bias."""
+    m_ok = offs_m < COUT
+    y = total * tl.load(w_inv_ptr + offs_m, mask=m_ok, other=1.0)[:, None] * tl.load(x_inv_ptr + batch)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    return y
+
+
+@triton.jit
+def _chunk_sum_kernel(
+    part_ptr,  # [NCHUNK, B, COUT, TOUT] float32
+    x_inv_ptr,
+    w_inv_ptr,
+    bias_ptr,
+    y_ptr,  # [B, COUT, TOUT]
+    B,
+    COUT,
+    TOUT,
+    NCHUNK,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Add the chunk sums in chunk order, from zero, as the one-program path does; then unscale."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    batch = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
+    offs = (batch.to(tl.int64) * COUT + offs_m[:, None]) * TOUT + offs_n[None, :]
+    plane = B.to(tl.int64) * COUT * TOUT
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for chunk in range(0, NCHUNK):
+        total += tl.load(part_ptr + chunk * plane + offs, mask=mask, other=0.0)
+    y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+class Tiles(NamedTuple):
+    """Launch shape: output tile (``block_m`` channels x ``block_n`` samples), warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+LARGE = Tiles(128, 128, 8, 3)
+MEDIUM = Tiles(128, 64, 8, 3)
+SMALL = Tiles(64, 64, 4, 4)
+
+
+def block_k(cp: int) -> int:
+    """Input channels per step for ``cp`` (padded) input channels: a layer property, never a launch's."""
+    return 64 if cp % 64 == 0 else 32
+
+
+def chunking(steps: int) -> tuple[int, int]:
+    """``(steps per chunk, chunks)`` for a reduction of ``steps`` steps: as few equal chunks as keep each
+    at most :data:`CHUNK_STEPS`."""
+    count = triton.cdiv(steps, CHUNK_STEPS)
+    per = triton.cdiv(steps, count)
+    return per, triton.cdiv(steps, per)
+
+
+def default_tiles(batch: int, cout: int, tout: int, sms: int) -> Tiles:
+    """The launch shape for a ``batch`` x ``cout`` x ``tout`` output on a GPU with ``sms`` multiprocessors."""
+
+    def programs(t: Tiles) -> int:
+        return batch * triton.cdiv(cout, t.block_m) * triton.cdiv(tout, t.block_n)
+
+    if programs(LARGE) >= 2 * sms:
+        return LARGE
+    return MEDIUM if programs(MEDIUM) >= sms else SMALL
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _block(extent: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton.next_power_of_2(extent)))
+
+
+def conv1d_f16x3(
+    x_hi: torch.Tensor,
+    x_lo: torch.Tensor,
+    x_inv: torch.Tensor,
+    w_hi: torch.Tensor,
+    w_lo: torch.Tensor,
+    w_inv: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int,
+    tiles: Tiles | None = None,
+    split: bool | None = None,
+) -> torch.Tensor:
+    """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
+    -> ``y`` [B, COUT, TIN - (KSIZE-1)*dilation] float32.
+
+    ``tiles`` and ``split`` override the launch (``scripts/probe_conv_precision.py`` times candidates);
+    by default :func:`default_tiles` picks the tiles, and the chunks run as separate programs when the
+    one-program grid would not fill the GPU. Neither changes a single bit of the result.
+    """
+    batch, tin, cp = x_hi.shape
+    ksize, cout, _ = w_hi.shape
+    tout = tin - (ksize - 1) * dilation
+    y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
+    if tout <= 0 or batch == 0:
+        return y
+    bk = block_k(cp)
+    per, nchunk = chunking(ksize * (cp // bk))
+    sms = _sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
+    t = tiles or default_tiles(batch, cout, tout, sms)
+    warps = t.warps if t.block_m > 64 else 4  # one warpgroup per 64 rows
+    block_m, block_n = _block(cout, 64, t.block_m), _block(tout, 32, t.block_n)
+    warps = min(warps, 4 * (block_m // 64))
+    grid_mn = (triton.cdiv(tout, block_n), triton.cdiv(cout, block_m))
+    if split is None:
+        split = nchunk > 1 and grid_mn[0] * grid_mn[1] * batch < sms
+    split = split and nchunk > 1
+    x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], [block_n, bk]) for x in (x_hi, x_lo)]
+    w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], [block_m, bk]) for w in (w_hi, w_lo)]
+    bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
+    out = torch.empty(nchunk, batch, cout, tout, device=y.device, dtype=torch.float32) if split else y
+    _conv1d_f16x3_kernel[(*grid_mn, batch * (nchunk if split else 1))](
+        *x_descs,
+        *w_descs,
+        x_inv,
+        w_inv,
+        bias_arg,
+        out,
+        batch,
+        cp,
+        cout,
+        tin,
+        tout,
+        dilation,
+        per,
+        nchunk,
+        KSIZE=ksize,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=bk,
+        num_warps=warps,
+        num_stages=t.stages,
+    )
+    if split:
+        _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
+            out, x_inv, w_inv, bias_arg, y, batch, cout, tout, nchunk,
+            HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
+        )  # fmt: skip
+    return y

@@ -1,0 +1,254 @@
+"""The float16 split (``"fp16x3"``) on the CPU: scales, splits, the op's reference path and layer routing.
+
+The Triton kernel runs here only under the Triton interpreter (``TRITON_INTERPRET=1`` with Triton
+installed; CI has neither, so those tests skip). The GPU checks are in ``tests/test_kernels_conv_f16_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from streamdec.codecs import layers as layers_module
+from streamdec.codecs import load_codec
+from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d
+from streamdec.codecs.precision import (
+    F16_CHANNEL_QUANTUM,
+    pack_split_weight_f16,
+    pow2_scale,
+    split_input_f16,
+)
+from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels.conv import conv1d_split_f16, split_conv1d_f16
+
+finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
+
+
+@settings(deadline=None)
+@given(st.lists(finite_magnitudes, min_size=1, max_size=20))
+def test_scale_puts_the_peak_in_the_top_binade(values: list[float]) -> None:
+    amax = torch.tensor(values, dtype=torch.float32)
+    scale, inverse = pow2_scale(amax)
+    scaled = (amax.double() * scale.double()).tolist()
+    exponents = [math.frexp(s)[1] - 1 for s in scale.tolist()]
+    for v, s, e in zip(values, scaled, exponents, strict=True):
+        if v >= 2.0**-112:  # below that the clamp at 2**126 keeps the scale normal
+            assert 2.0**13 <= s < 2.0**14, (v, s)
+        assert math.frexp(2.0**e)[0] == 0.5 and -126 <= e <= 126  # a power of two, normal
+    torch.testing.assert_close(scale * inverse, torch.ones_like(scale), atol=0, rtol=0)
+
+
+def test_zero_and_tiny_peaks_stay_finite() -> None:
+    scale, inverse = pow2_scale(torch.tensor([0.0, 1e-45, 1e-40], dtype=torch.float32))
+    assert torch.isfinite(scale).all() and (inverse > 0).all()
+
+
+row_cases = st.fixed_dictionaries(
+    {
+        "batch": st.integers(1, 4),
+        "channels": st.integers(1, 70),
+        "samples": st.integers(1, 60),
+        "log_scales": st.lists(st.floats(-30, 30), min_size=4, max_size=4),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(row_cases)
+def test_input_split_keeps_22_bits_per_row(p: dict[str, object]) -> None:
+    """Every row reassembles to within 2**-22 of its own peak, whatever the other rows' magnitudes;
+    the parts are channels-last with zero channel padding."""
+    batch, channels, samples = int(p["batch"]), int(p["channels"]), int(p["samples"])  # type: ignore[call-overload]
+    gen = torch.Generator().manual_seed(int(p["seed"]))  # type: ignore[call-overload]
+    magnitude = torch.tensor([10.0**s for s in p["log_scales"]][:batch])  # type: ignore[attr-defined]
+    x = (torch.randn(batch, channels, samples, generator=gen) * magnitude[:, None, None]).float()
+    hi, lo, inverse = split_input_f16(x)
+    padded = channels + (-channels % F16_CHANNEL_QUANTUM)
+    assert hi.shape == lo.shape == (batch, samples, padded) and hi.dtype == lo.dtype == torch.float16
+    assert not hi[..., channels:].any() and not lo[..., channels:].any()
+    again = (hi.double() + lo.double()).transpose(1, 2)[:, :channels] * inverse.double()[:, None, None]
+    peak = x.double().abs().amax(dim=(1, 2))
+    error = (again - x.double()).abs().amax(dim=(1, 2))
+    assert bool((error <= 2.0**-22 * peak).all()), (error / peak).tolist()
+    for b in range(batch):  # a row's parts do not depend on the rest of the batch
+        alone = split_input_f16(x[b : b + 1])
+        assert torch.equal(alone[0][0], hi[b]) and torch.equal(alone[1][0], lo[b])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 40), st.sampled_from([1, 3, 7]), st.integers(0, 2**16))
+def test_weight_pack_keeps_22_bits_per_output_channel(cout: int, cin: int, ksize: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(cout, cin, ksize, generator=gen) * torch.logspace(-8, 8, cout)[:, None, None]
+    packed, inverse = pack_split_weight_f16(w)
+    assert packed.shape == (2, ksize, cout, cin + (-cin % F16_CHANNEL_QUANTUM))
+    again = (packed[0].double() + packed[1].double()).permute(1, 2, 0)[:, :cin] * inverse.double()[
+        :, None, None
+    ]
+    peak = w.double().abs().amax(dim=(1, 2))
+    assert bool(((again - w.double()).abs().amax(dim=(1, 2)) <= 2.0**-22 * peak).all())
+
+
+conv_cases = st.fixed_dictionaries(
+    {
+        "batch": st.integers(1, 3),
+        "cin": st.integers(1, 40),
+        "cout": st.integers(1, 70),
+        "ksize": st.sampled_from([1, 3, 7, 11]),
+        "dilation": st.sampled_from([1, 3, 5]),
+        "tout": st.integers(1, 150),
+        "bias": st.booleans(),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+def _case(p: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(p["seed"])
+    tin = p["tout"] + (p["ksize"] - 1) * p["dilation"]
+    x = torch.randn(p["batch"], p["cin"], tin, generator=gen)
+    w = torch.randn(p["cout"], p["cin"], p["ksize"], generator=gen) / (p["cin"] * p["ksize"]) ** 0.5
+    bias = torch.randn(p["cout"], generator=gen) if p["bias"] else None
+    return x, w, bias
+
+
+def _relative_error(
+    out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, d: int
+) -> float:
+    """Max error over ``sum |x| |w| + |bias|`` per output: what round-off is relative to."""
+    exact = F.conv1d(x.double(), w.double(), None if bias is None else bias.double(), dilation=d)
+    scale = F.conv1d(x.double().abs(), w.double().abs(), dilation=d)
+    scale = scale + (0.0 if bias is None else bias.double().abs()[:, None])
+    assert out.shape == exact.shape
+    return float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(conv_cases)
+def test_op_reference_path_is_the_convolution(p: dict[str, int]) -> None:
+    x, w, bias = _case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    out = split_conv1d_f16(x, packed, inverse, bias, p["dilation"])
+    assert out.shape == (p["batch"], p["cout"], p["tout"]) and out.dtype == torch.float32
+    assert _relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
+
+
+def test_fake_implementation_gives_the_shape() -> None:
+    with FakeTensorMode():
+        x = torch.empty(2, 100, 32, dtype=torch.float16)
+        packed = torch.empty(2, 5, 16, 32, dtype=torch.float16)
+        out = torch.ops.streamdec.conv1d_split_f16(
+            x, x, torch.empty(2), packed[0], packed[1], torch.empty(16), None, 3
+        )
+    assert out.shape == (2, 16, 100 - 4 * 3) and out.dtype == torch.float32
+
+
+def test_bad_inputs_are_typed_errors() -> None:
+    x, w, _ = _case(
+        {"batch": 1, "cin": 4, "cout": 6, "ksize": 3, "dilation": 1, "tout": 10, "bias": 0, "seed": 0}
+    )
+    packed, inverse = pack_split_weight_f16(w)
+    hi, lo, x_inv = split_input_f16(x)
+    with pytest.raises(ShapeError, match="channels"):
+        conv1d_split_f16(hi[..., :16], lo[..., :16], x_inv, packed[0], packed[1], inverse, None, 1)
+    with pytest.raises(ShapeError, match="samples"):
+        split_conv1d_f16(x[..., :2], packed, inverse, None, 1)
+    with pytest.raises(ShapeError, match="one shape"):
+        conv1d_split_f16(hi, lo[:, 1:], x_inv, packed[0], packed[1], inverse, None, 1)
+    with pytest.raises(ShapeError, match="scales"):
+        conv1d_split_f16(hi, lo, x_inv, packed[0], packed[1], inverse[:3], None, 1)
+    with pytest.raises(DTypeError, match="float32 x"):
+        split_conv1d_f16(x.double(), packed, inverse, None, 1)
+    with pytest.raises(DTypeError, match="w_lo"):
+        conv1d_split_f16(hi, lo, x_inv, packed[0], packed[1].float(), inverse, None, 1)
+
+
+def _route_cpu_through_the_f16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the CPU take the fp16x3 path, as a CUDA float32 input on a GPU with TMA would."""
+    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(layers_module, "_f16_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+
+
+def test_fp16x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the float16 kernel available, fp16x3 conv layers (transposed ones as polyphase convs) call its
+    op and nothing else; the decode matches plain float32."""
+    codec = load_codec("tiny")
+    z = torch.randn(1, 24, codec.latent_dim, generator=torch.Generator().manual_seed(1))
+    plain = codec.decode(z)
+    _route_cpu_through_the_f16_kernel(monkeypatch)
+    codec.precision = "fp16x3"
+    convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
+    assert all(m.packed_f16 is not None and m.packed_split is None and m.split_weight is None for m in convs)
+    assert layers_module.all_convs_on_triton_split(codec)
+    calls: list[int] = []
+    real = conv1d_split_f16
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", counted)
+    routed = codec.decode(z)
+    assert len(calls) == len(convs)
+    torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
+    codec.precision = "fp32"
+    assert all(m.packed_f16 is None and m.f16_inverse is None for m in convs)
+
+
+def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    codec = load_codec("tiny")
+    _route_cpu_through_the_f16_kernel(monkeypatch)
+    assert codec.use_auto_precision() == "fp16x3" and codec.precision == "fp16x3"
+    monkeypatch.setattr(layers_module, "_f16_conv_supported", lambda t: False)  # a GPU without TMA
+    assert codec.use_auto_precision() == "fp16x3"  # every layer on the TF32 kernel: still all on Triton
+    assert all(m.packed_split is not None for m in codec.modules() if isinstance(m, PaddedConv1d))
+
+
+needs_interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs Triton and TRITON_INTERPRET=1 (the GPU run is in test_kernels_conv_f16_cuda.py)",
+)
+
+
+@needs_interpreter
+@settings(max_examples=25, deadline=None)
+@given(conv_cases, st.booleans())
+def test_triton_kernel_under_the_interpreter(p: dict[str, int], split: bool) -> None:
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w, bias = _case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    hi, lo, x_inv = split_input_f16(x)
+    out = tc.conv1d_f16x3(hi, lo, x_inv, packed[0], packed[1], inverse, bias, p["dilation"], split=split)
+    assert _relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
+
+
+@needs_interpreter
+def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One chunk per program plus the chunk-sum kernel equals all chunks in one program, bit for bit."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    monkeypatch.setattr(tc, "CHUNK_STEPS", 4)  # 15 steps: chunks of 4, 4, 4, 3
+    x, w, bias = _case(
+        {"batch": 2, "cin": 96, "cout": 70, "ksize": 5, "dilation": 1, "tout": 33, "bias": 1, "seed": 3}
+    )
+    packed, inverse = pack_split_weight_f16(w)
+    hi, lo, x_inv = split_input_f16(x)
+    args = (hi, lo, x_inv, packed[0], packed[1], inverse, bias, 1)
+    assert tc.chunking(15) == (4, 4)
+    assert torch.equal(
+        tc.conv1d_f16x3(*args, tiles=tc.SMALL, split=True),
+        tc.conv1d_f16x3(*args, tiles=tc.SMALL, split=False),
+    )
