@@ -123,7 +123,7 @@ def _chunk_sum_kernel(
     w_inv_ptr,
     bias_ptr,
     y_ptr,  # [B, COUT, TOUT]
-    B,
+    PLANE,  # B * COUT * TOUT: one chunk's sums
     COUT,
     TOUT,
     NCHUNK,
@@ -139,10 +139,9 @@ def _chunk_sum_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
     offs = (batch.to(tl.int64) * COUT + offs_m[:, None]) * TOUT + offs_n[None, :]
-    plane = B.to(tl.int64) * COUT * TOUT
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for chunk in range(0, NCHUNK):
-        total += tl.load(part_ptr + chunk * plane + offs, mask=mask, other=0.0)
+        total += tl.load(part_ptr + chunk.to(tl.int64) * PLANE + offs, mask=mask, other=0.0)
     y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
     tl.store(y_ptr + offs, y, mask=mask)
 
@@ -260,7 +259,7 @@ def conv1d_f16x3(
     )
     if split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
-            out, x_inv, w_inv, bias_arg, y, batch, cout, tout, nchunk,
+            out, x_inv, w_inv, bias_arg, y, batch * cout * tout, cout, tout, nchunk,
             HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y
