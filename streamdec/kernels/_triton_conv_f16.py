@@ -140,8 +140,10 @@ def _chunk_sum_kernel(
     mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
     offs = (batch.to(tl.int64) * COUT + offs_m[:, None]) * TOUT + offs_n[None, :]
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for chunk in range(0, NCHUNK):
-        total += tl.load(part_ptr + chunk.to(tl.int64) * PLANE + offs, mask=mask, other=0.0)
+    parts = part_ptr + offs
+    for _ in range(0, NCHUNK):
+        total += tl.load(parts, mask=mask, other=0.0)
+        parts += PLANE  # 64-bit pointer steps: no index overflow
     y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
     tl.store(y_ptr + offs, y, mask=mask)
 
