@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument(
-        "--f16-tiles", nargs="*", default=["128,128,8,3", "128,64,8,3", "128,64,8,2", "64,64,4,3", "64,128,4,3"],
+        "--f16-tiles", nargs="*", default=["128,128,8,3", "128,64,8,2", "64,64,4,3", "64,128,4,3"],
         help="float16 launch shapes to time besides the default: block_m,block_n,warps,stages",
     )  # fmt: skip
     parser.add_argument("--commit", default=None)

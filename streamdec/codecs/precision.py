@@ -147,8 +147,11 @@ def pow2_scale(amax: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _split_f16(scaled: Tensor) -> tuple[Tensor, Tensor]:
-    hi = scaled.to(torch.float16)  # round to nearest; |scaled| < 2**14 cannot overflow
-    return hi, (scaled - hi.float()).to(torch.float16)  # the difference is exact in float32
+    # float16 keeps float32's top 10 mantissa bits, as TF32 does: round with integer ops, so that the head
+    # is rounded by the time the tail is formed even inside a torch.compile'd kernel (Inductor keeps
+    # float16 intermediates in float32 registers, unrounded, unless they are stored).
+    hi, lo = split_tf32(scaled)  # |scaled| < 2**14: the head fits float16 (exactly, above 2**-14)
+    return hi.to(torch.float16), lo.to(torch.float16)
 
 
 def split_input_f16(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -157,9 +157,11 @@ class Tiles(NamedTuple):
     stages: int
 
 
+# From a per-layer sweep over auk-24k at 1 x 70 on an H200 (bench/results/2026-11-30-h200-s4-conv-kernels.json):
+# small tiles (two programs per multiprocessor fit in shared memory) wherever large ones would not fill
+# the GPU once; the chunks then go to separate programs too.
 LARGE = Tiles(128, 128, 8, 3)
-MEDIUM = Tiles(128, 64, 8, 3)
-SMALL = Tiles(64, 64, 4, 4)
+SMALL = Tiles(64, 64, 4, 3)
 
 
 def block_k(cp: int) -> int:
@@ -181,9 +183,7 @@ def default_tiles(batch: int, cout: int, tout: int, sms: int) -> Tiles:
     def programs(t: Tiles) -> int:
         return batch * triton.cdiv(cout, t.block_m) * triton.cdiv(tout, t.block_n)
 
-    if programs(LARGE) >= 2 * sms:
-        return LARGE
-    return MEDIUM if programs(MEDIUM) >= sms else SMALL
+    return LARGE if programs(LARGE) >= sms else SMALL
 
 
 @functools.cache
