@@ -60,8 +60,8 @@ __all__ = [
     "pack_split_weight",
     "pack_split_weight_f16",
     "pow2_scale",
-    "split_input_f16",
     "split_input",
+    "split_input_f16",
     "split_tf32",
     "split_weight",
 ]
