@@ -134,7 +134,7 @@ def test_bad_precision_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="'fp32', 'tf32x3', 'fp16x3', 'tf32'"):
         codec.precision = "fp16"  # type: ignore[assignment]
     assert codec.precision == "fp32"
-    assert PRECISIONS == ("fp32", "tf32x3", "tf32")
+    assert PRECISIONS == ("fp32", "tf32x3", "fp16x3", "tf32")
 
 
 def test_foreign_convolutions_refuse_tf32x3_and_keep_fp32() -> None:
