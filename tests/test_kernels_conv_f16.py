@@ -212,7 +212,7 @@ def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
     _route_cpu_through_the_f16_kernel(monkeypatch)
     assert codec.use_auto_precision() == "fp16x3" and codec.precision == "fp16x3"
     monkeypatch.setattr(layers_module, "_f16_conv_supported", lambda t: False)  # a GPU without TMA
-    assert codec.use_auto_precision() == "fp16x3"  # every layer on the TF32 kernel: still all on Triton
+    assert codec.use_auto_precision() == "tf32x3"  # every layer on the TF32 kernel
     assert all(m.packed_split is not None for m in codec.modules() if isinstance(m, PaddedConv1d))
 
 

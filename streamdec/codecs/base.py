@@ -124,17 +124,18 @@ class Codec(nn.Module, abc.ABC):
     def use_auto_precision(self) -> Precision:
         """Set, and return, the fastest precision that keeps float32 accuracy here.
 
-        ``"tf32x3"`` where every convolution then runs through the Triton split kernel (CUDA, float32
-        weights, Triton installed, and no convolution the kernel cannot take), which is both faster and
-        more accurate than ``"fp32"`` on an H200; ``"fp32"`` otherwise, including wherever some layer
-        would fall back to the cuDNN split (83 dB). ``streamdec serve --precision auto`` calls this.
+        ``"fp16x3"`` where every convolution then runs through the float16 split kernel (CUDA with TMA,
+        float32 weights, Triton installed, no convolution the kernel cannot take); else ``"tf32x3"`` where
+        every one runs through the TF32 split kernel; both are faster and more accurate than ``"fp32"`` on
+        an H200. ``"fp32"`` otherwise, including wherever some layer would fall back to the cuDNN split
+        (83 dB). ``streamdec serve --precision auto`` calls this.
         """
         for choice in AUTO_PREFERENCE:
             try:
                 self.precision = choice
             except ConfigError:  # a convolution the split cannot take: nothing was changed
                 break
-            if all_convs_on_triton_split(self):
+            if all_convs_on_triton_split(self, f16=choice == "fp16x3"):
                 return choice
         self.precision = "fp32"
         return "fp32"

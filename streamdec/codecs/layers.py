@@ -525,11 +525,13 @@ def refresh_caches(module: nn.Module) -> None:
             sub.refresh_split()
 
 
-def all_convs_on_triton_split(module: nn.Module) -> bool:
-    """Whether every convolution of ``module`` runs through a Triton split kernel: true only after
-    ``set_split_convs(module, True)`` on CUDA float32 weights with the kernels on, and only where each
-    layer has an ordinary-convolution form (:meth:`SplitConv.triton_weight`)."""
+def all_convs_on_triton_split(module: nn.Module, *, f16: bool = False) -> bool:
+    """Whether every convolution of ``module`` runs through a Triton split kernel (``f16``: the float16
+    one): true only after ``set_split_convs(module, True)`` on CUDA float32 weights with the kernels on,
+    and only where each layer has an ordinary-convolution form (:meth:`SplitConv.triton_weight`)."""
     convs = [sub for sub in module.modules() if isinstance(sub, SplitConv)]
+    if f16:
+        return bool(convs) and all(sub.packed_f16 is not None for sub in convs)
     return bool(convs) and all(sub.packed_split is not None or sub.packed_f16 is not None for sub in convs)
 
 
