@@ -6,8 +6,8 @@ cuDNN, the TF32 split (``tf32x3``, ``streamdec.kernels._triton_conv``) and the f
 (``fp16x3``, ``_triton_conv_f16``) at its default launch and at each ``--f16-tiles`` x split-K choice.
 Each gets its error against a float64 convolution (max abs over the output's peak) and its GPU time:
 operands split and packed beforehand, the call captured five times in one CUDA graph, the replay timed
-with CUDA events after a warm-up, median of ``--reps``. The float16 split's pre-pass (scale, split,
-channels-last copy) is timed on its own. Every float16 launch must give the default's bits exactly
+with CUDA events after a warm-up, median of ``--reps``. The float16 split's pre-pass (row peaks, then scale, split and
+channels-last copy in one kernel) is timed on its own. Every float16 launch must give the default's bits exactly
 (``bits_equal``): the chunked reduction does not depend on the launch. Run::
 
     python scripts/bench_conv_kernels.py --codec auk-24k --frames 70 --batches 1 16 --out conv.json
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import PaddedConv1d, SplitConv
-from streamdec.codecs.precision import pack_split_weight, pack_split_weight_f16, split_input_f16, split_tf32
+from streamdec.codecs.precision import pack_split_weight, pack_split_weight_f16, split_tf32
 
 GRAPH_CALLS = 5
 
@@ -124,7 +124,7 @@ def measure(x: Tensor, w: Tensor, dilation: int, tiles16: list[Any], reps: int) 
 
         row["err_tf32x3"] = rel(tf32x3())
         row["ms_tf32x3"] = graph_ms(tf32x3, reps)
-        h16, l16, inv = split_input_f16(x)
+        h16, l16, inv = t16.split_f16(x)
         p16, winv = pack_split_weight_f16(w)
 
         def f16(tiles: Any = None, split: bool | None = None) -> Tensor:
@@ -133,7 +133,7 @@ def measure(x: Tensor, w: Tensor, dilation: int, tiles16: list[Any], reps: int) 
         default = f16()
         row["err_fp16x3"] = rel(default)
         row["ms_fp16x3"] = graph_ms(f16, reps)
-        row["ms_fp16x3_split_prepass"] = graph_ms(lambda: split_input_f16(x), reps)
+        row["ms_fp16x3_split_prepass"] = graph_ms(lambda: t16.split_f16(x), reps)
         variants: list[dict[str, Any]] = []
         for tiles in tiles16:
             for split in (False, True):

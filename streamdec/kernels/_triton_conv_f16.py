@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from streamdec.codecs.precision import F16_CHANNEL_QUANTUM
+
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
 
 
@@ -146,6 +148,85 @@ def _chunk_sum_kernel(
         parts += PLANE  # 64-bit pointer steps: no index overflow
     y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
     tl.store(y_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _pow2_from_amax(bits):
+    """:func:`streamdec.codecs.precision.pow2_scale` from a peak's float32 bits: ``(2**k, 2**-k)``."""
+    biased = (bits >> 23) & 0xFF
+    k = tl.minimum(tl.maximum(140 - biased, -126), 126)  # peak * 2**k in [2**13, 2**14)
+    scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
+    inverse = ((127 - k) << 23).to(tl.float32, bitcast=True)
+    return scale, inverse
+
+
+@triton.jit
+def _row_amax_kernel(x_ptr, amax_ptr, ROW, BLOCK: tl.constexpr):
+    """``amax_ptr[b]`` (int32, zeroed) <- the float32 bits of ``max |x[b]|``: non-negative floats order as
+    their bits, so an integer atomic max is exact and independent of the programs' order."""
+    row = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(x_ptr + row.to(tl.int64) * ROW + offs, mask=offs < ROW, other=0.0)
+    tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
+
+
+@triton.jit
+def _split_kernel(
+    x_ptr,  # [B, C, T] float32, contiguous
+    amax_ptr,  # [B] int32: bits of each row's peak
+    hi_ptr,  # [B, T, CP] float16, channels-last
+    lo_ptr,
+    inv_ptr,  # [B] float32: 2**-k
+    C,
+    T,
+    CP,
+    BLOCK_C: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """:func:`streamdec.codecs.precision.split_input_f16`, bit for bit, in one pass."""
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    row = tl.program_id(2)
+    scale, inverse = _pow2_from_amax(tl.load(amax_ptr + row))
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = (offs_t < T)[None, :]
+    x = tl.load(
+        x_ptr + (row.to(tl.int64) * C + offs_c[:, None]) * T + offs_t[None, :],
+        mask=(offs_c < C)[:, None] & t_ok,
+        other=0.0,  # the padding channels
+    )
+    scaled = (x * scale).to(tl.int32, bitcast=True)
+    hi = ((scaled + 4096) & -8192).to(tl.float32, bitcast=True)  # split_tf32's rounding: 10 mantissa bits
+    lo = scaled.to(tl.float32, bitcast=True) - hi
+    out = (row.to(tl.int64) * T + offs_t[None, :]) * CP + offs_c[:, None]
+    mask = (offs_c < CP)[:, None] & t_ok
+    tl.store(hi_ptr + out, hi.to(tl.float16), mask=mask)
+    tl.store(lo_ptr + out, lo.to(tl.float16), mask=mask)
+    if (pid_t == 0) & (pid_c == 0):
+        tl.store(inv_ptr + row, inverse)
+
+
+def split_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
+    :func:`streamdec.codecs.precision.split_input_f16`, in two kernels (a row-peak pass, then the split)
+    rather than the handful of elementwise ones, and nothing for ``torch.compile`` to generate per layer."""
+    batch, channels, samples = x.shape
+    x = x.contiguous()
+    padded = channels + (-channels % F16_CHANNEL_QUANTUM)
+    amax = torch.zeros(batch, dtype=torch.int32, device=x.device)
+    hi = torch.empty(batch, samples, padded, dtype=torch.float16, device=x.device)
+    lo = torch.empty_like(hi)
+    inverse = torch.empty(batch, dtype=torch.float32, device=x.device)
+    if batch == 0 or samples == 0:
+        return hi, lo, inverse
+    row = channels * samples
+    _row_amax_kernel[(triton.cdiv(row, 4096), batch)](x, amax, row, BLOCK=4096, num_warps=8)
+    grid = (triton.cdiv(samples, 64), triton.cdiv(padded, 32), batch)
+    _split_kernel[grid](
+        x, amax, hi, lo, inverse, channels, samples, padded, BLOCK_C=32, BLOCK_T=64, num_warps=4
+    )
+    return hi, lo, inverse
 
 
 class Tiles(NamedTuple):

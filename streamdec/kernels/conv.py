@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from streamdec.codecs.precision import split_input_f16, split_tf32
+from streamdec.codecs.precision import F16_CHANNEL_QUANTUM, split_tf32
 from streamdec.errors import DTypeError, ShapeError
 
 __all__ = [
@@ -120,30 +120,31 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int) 
 
 
 def _check_f16(
-    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
-    bias: Tensor | None, dilation: int,
-) -> None:  # fmt: skip
-    if x_hi.dim() != 3 or x_hi.shape != x_lo.shape or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
+    x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int
+) -> None:
+    if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
-            f"conv1d_split_f16 needs x_hi, x_lo [B, T, Cin'] of one shape and w_hi, w_lo [k, Cout, Cin'] of "
-            f"one shape, got {tuple(x_hi.shape)}, {tuple(x_lo.shape)}, {tuple(w_hi.shape)}, {tuple(w_lo.shape)}"
+            f"conv1d_split_f16 needs x [B, Cin, T] and w_hi, w_lo [k, Cout, Cin'] of one shape, got "
+            f"{tuple(x.shape)}, {tuple(w_hi.shape)}, {tuple(w_lo.shape)}"
         )
-    batch, samples, channels = x_hi.shape
-    ksize, cout, _ = w_hi.shape
-    if channels != w_hi.shape[2] or x_inv.shape != (batch,) or w_inv.shape != (cout,):
+    ksize, cout, padded = w_hi.shape
+    if padded != x.shape[1] + (-x.shape[1] % F16_CHANNEL_QUANTUM) or w_inv.shape != (cout,):
         raise ShapeError(
-            f"conv1d_split_f16: x has {channels} padded channels and {tuple(x_inv.shape)} scales for batch "
-            f"{batch}; the weight {w_hi.shape[2]} inputs, {cout} outputs and {tuple(w_inv.shape)} scales"
+            f"conv1d_split_f16: x has {x.shape[1]} channels; the weight {padded} padded inputs, {cout} "
+            f"outputs and {tuple(w_inv.shape)} scales"
         )
-    if (bias is not None and bias.shape != (cout,)) or dilation < 1 or samples < (ksize - 1) * dilation + 1:
+    if (
+        (bias is not None and bias.shape != (cout,))
+        or dilation < 1
+        or x.shape[2] < (ksize - 1) * dilation + 1
+    ):
         raise ShapeError(
-            f"conv1d_split_f16: {samples} samples, a {ksize}-tap kernel at dilation {dilation}, bias "
+            f"conv1d_split_f16: {x.shape[2]} samples, a {ksize}-tap kernel at dilation {dilation}, bias "
             f"{None if bias is None else tuple(bias.shape)} for {cout} outputs"
         )
     for name, t, dtype in (
-        ("x_hi", x_hi, torch.float16), ("x_lo", x_lo, torch.float16), ("w_hi", w_hi, torch.float16),
-        ("w_lo", w_lo, torch.float16), ("x_inv", x_inv, torch.float32), ("w_inv", w_inv, torch.float32),
-        ("bias", bias, torch.float32),
+        ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
+        ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32),
     ):  # fmt: skip
         if t is not None and t.dtype != dtype:
             raise DTypeError(f"conv1d_split_f16 needs {dtype} {name}, got {t.dtype}")
@@ -151,52 +152,44 @@ def _check_f16(
 
 @torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=())
 def conv1d_split_f16(
-    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
-    bias: Tensor | None, dilation: int,
-) -> Tensor:  # fmt: skip
-    """``conv1d(x, w, bias, dilation=dilation)`` from float16 splits: ``x_hi``/``x_lo`` channels-last
-    ``[B, T, Cin']`` with ``(x_hi + x_lo) * x_inv[b] ~ x`` (:func:`~streamdec.codecs.precision.split_input_f16`),
-    ``w_hi``/``w_lo`` ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``
-    (:func:`~streamdec.codecs.precision.pack_split_weight_f16`); ``Cin'`` may include zero padding.
-    Result ``[B, Cout, T - (k-1)*dilation]`` float32. On the CPU: float32 ``F.conv1d`` of the
-    reassembled operands (the sums are exact in float32)."""
-    _check_f16(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
-    x = (x_hi.float() + x_lo.float()).transpose(1, 2) * x_inv[:, None, None]
+    x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int
+) -> Tensor:
+    """``conv1d(x, w, bias, dilation=dilation)`` for an already padded float32 ``x`` ``[B, Cin, T]`` and a
+    weight packed by :func:`~streamdec.codecs.precision.pack_split_weight_f16`: ``w_hi``/``w_lo``
+    ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``. Result ``[B, Cout, T - (k-1)*dilation]``.
+
+    On CUDA the op splits ``x`` itself (:func:`~streamdec.codecs.precision.split_input_f16`, two Triton
+    kernels) and runs the float16 kernel; on the CPU, float32 ``F.conv1d`` of ``x`` and the reassembled
+    weight (exact in float32)."""
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
-    return F.conv1d(x, weight, bias, dilation=dilation)
+    return F.conv1d(x, weight[:, : x.shape[1]], bias, dilation=dilation)
 
 
 @conv1d_split_f16.register_fake
-def _(
-    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
-    bias: Tensor | None, dilation: int,
-) -> Tensor:  # fmt: skip
+def _(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
     ksize, cout, _ = w_hi.shape
-    return x_hi.new_empty(x_hi.shape[0], cout, x_hi.shape[1] - (ksize - 1) * dilation, dtype=torch.float32)
+    return x.new_empty(x.shape[0], cout, x.shape[2] - (ksize - 1) * dilation)
 
 
 @conv1d_split_f16.register_kernel("cuda")
-def _(
-    x_hi: Tensor, x_lo: Tensor, x_inv: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor,
-    bias: Tensor | None, dilation: int,
-) -> Tensor:  # fmt: skip
-    _check_f16(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
+def _(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
-    with torch.cuda.device(x_hi.device):
-        return tc.conv1d_f16x3(x_hi.contiguous(), x_lo.contiguous(), x_inv, w_hi, w_lo, w_inv, bias, dilation)
+    with torch.cuda.device(x.device):
+        x_hi, x_lo, x_inv = tc.split_f16(x)
+        return tc.conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
 
 
 def split_conv1d_f16(
     x: Tensor, packed: Tensor, inverse: Tensor, bias: Tensor | None, dilation: int
 ) -> Tensor:
     """``conv1d(x, w, bias, dilation=dilation)`` through the float16 op, ``(packed, inverse)`` =
-    ``pack_split_weight_f16(w)``. The split is tensor code here, outside the op, for the same reason as
-    :func:`split_conv1d`'s."""
+    ``pack_split_weight_f16(w)``. Unlike :func:`split_conv1d`, the input's split happens inside the op:
+    it needs each row's peak, a reduction that ``torch.compile`` would otherwise generate and compile
+    for every layer."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
-    x_hi, x_lo, x_inv = split_input_f16(x)
-    out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x_hi, x_lo, x_inv, packed[0], packed[1], inverse, bias, dilation
-    )
+    out: Tensor = torch.ops.streamdec.conv1d_split_f16(x, packed[0], packed[1], inverse, bias, dilation)
     return out
