@@ -99,6 +99,8 @@ def floor_per_frame(name: str, frames: int = 318) -> dict[str, Any]:
         per[f"us_per_frame_compute_{unit}"] = flops / rate * 1e6
     # tf32x3 (streamdec.codecs.precision) multiplies three split operand pairs on the TF32 tensor cores
     per["us_per_frame_compute_tf32x3"] = 3 * flops / H200_FLOPS["tf32_tensor"] * 1e6
+    # fp16x3: three float16 products, at the rate measured for bfloat16 (the tensor cores run both alike)
+    per["us_per_frame_compute_fp16x3"] = 3 * flops / H200_FLOPS["bf16_tensor_measured"] * 1e6
     return per
 
 

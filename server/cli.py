@@ -38,9 +38,11 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
     parser.add_argument("--max-emit", type=int, default=64, help="largest tile, in frames")
     parser.add_argument("--precision", choices=["auto", *PRECISIONS], default="auto",
-                        help="CUDA convolutions: auto (default: tf32x3 where every convolution takes the Triton "
-                             "split, else fp32), fp32 (CUDA cores), tf32x3 (split TF32 tensor cores; with Triton "
-                             "float32-accurate and faster) or tf32 (fastest; output moves by ~1e-3)")  # fmt: skip
+                        help="CUDA convolutions: auto (default: fp16x3 where every convolution takes the float16 "
+                             "split kernel, an H100/H200; else tf32x3 where every one takes the TF32 split "
+                             "kernel; else fp32), fp32 (CUDA cores), tf32x3 / fp16x3 (split operands on TF32 / "
+                             "float16 tensor cores; with Triton float32-accurate and faster) or tf32 (fastest; "
+                             "output moves by ~1e-3)")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
