@@ -35,7 +35,9 @@
   largest magnitude lands in ``[2**13, 2**14)``, then split into a float16 head and tail
   (:func:`split_input_f16`, :func:`pack_split_weight_f16`): 22 bits, like the TF32 split, in half the
   bytes, and float16 products run at twice TF32's rate. The scales are exact and factor out of every sum.
-  Layers the float16 kernel cannot take run as ``"tf32x3"`` does.
+  Each step's three products go into a fresh tensor-core accumulator, as in the TF32 kernel. A whole AuK
+  decode lands at 122 dB against float64 on an H200 (max abs 1.1e-6), a layer at 0.05-0.2x cuDNN fp32's
+  error. Layers the float16 kernel cannot take run as ``"tf32x3"`` does.
 
 The split happens only on CUDA float32 tensors; on the CPU every precision computes plain float32. Only
 this package's conv layers know how to split (:func:`streamdec.codecs.layers.set_split_convs`): a codec

@@ -1,4 +1,11 @@
-"""Split-TF32 convolution with float32 accumulation between steps: custom op and dispatch rule.
+"""Split convolutions with float32 accumulation between steps: custom ops and dispatch rules.
+
+Two ops. ``conv1d_split_tf32`` (below) takes TF32 splits, for ``"tf32x3"``. ``conv1d_split_f16`` takes the
+input whole and a weight split into float16 halves under per-output-channel power-of-two scales, for
+``"fp16x3"``: on CUDA it splits the input itself (:func:`streamdec.kernels._triton_conv_f16.split_f16`, one
+scale per batch row) and runs :mod:`streamdec.kernels._triton_conv_f16` (TMA, so compute capability 9.0:
+:func:`f16_conv_supported`); half the operand bytes and twice the product rate of the TF32 split, 122 dB on
+a whole AuK decode. The rest of this docstring is about the TF32 op.
 
 Contract of ``torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, w_hi, w_lo, bias, dilation)``: ``x_hi`` and
 ``x_lo`` are an already padded ``[B, Cin, Tin]`` float32 input's TF32 heads and tails
