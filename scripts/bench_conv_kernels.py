@@ -32,6 +32,7 @@ from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import PaddedConv1d, SplitConv
 from streamdec.codecs.precision import pack_split_weight, pack_split_weight_f16, split_tf32
+from streamdec.kernels.f16_launch import Tiles
 
 GRAPH_CALLS = 5
 
@@ -169,12 +170,11 @@ def main() -> None:
     parser.add_argument("--commit", default=None)
     parser.add_argument("--out", default="conv.json")
     args = parser.parse_args()
-    from streamdec.kernels import _triton_conv_f16 as t16
 
     codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
     header = script_header(codec=args.codec, precision="per kernel", commit=args.commit, timing="cuda graphs")
     out = ResultFile(args.out, {**header, "args": vars(args), "shapes": []})
-    tiles16 = [t16.Tiles(*map(int, spec.split(","))) for spec in args.f16_tiles]
+    tiles16 = [Tiles(*map(int, spec.split(","))) for spec in args.f16_tiles]
     for batch in args.batches:
         z = torch.randn(batch, args.frames, codec.latent_dim, generator=torch.Generator().manual_seed(batch))
         layers = conv_inputs(codec, z.cuda())

@@ -27,6 +27,7 @@ from streamdec.codecs.precision import (
     split_input_f16,
 )
 from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import conv1d_split_f16, split_conv1d_f16
 
 finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
@@ -237,17 +238,17 @@ def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.Mon
     """One chunk per program plus the chunk-sum kernel equals all chunks in one program, bit for bit."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    monkeypatch.setattr(tc, "CHUNK_STEPS", 4)  # 15 steps: chunks of 4, 4, 4, 3
+    monkeypatch.setattr(f16_launch, "CHUNK_STEPS", 4)  # 15 steps: chunks of 4, 4, 4, 3
     x, w, bias = _case(
         {"batch": 2, "cin": 96, "cout": 70, "ksize": 5, "dilation": 1, "tout": 33, "bias": 1, "seed": 3}
     )
     packed, inverse = pack_split_weight_f16(w)
     hi, lo, x_inv = split_input_f16(x)
     args = (hi, lo, x_inv, packed[0], packed[1], inverse, bias, 1)
-    assert tc.chunking(15) == (4, 4)
+    assert f16_launch.chunking(15) == (4, 4)
     assert torch.equal(
-        tc.conv1d_f16x3(*args, tiles=tc.SMALL, split=True),
-        tc.conv1d_f16x3(*args, tiles=tc.SMALL, split=False),
+        tc.conv1d_f16x3(*args, tiles=f16_launch.SMALL, split=True),
+        tc.conv1d_f16x3(*args, tiles=f16_launch.SMALL, split=False),
     )
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import pack_split_weight_f16, split_input_f16
 from streamdec.engine.graphs import static_forward
+from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import f16_conv_supported, split_conv1d_f16
 
 pytestmark = [
@@ -93,7 +94,7 @@ def test_every_launch_gives_the_same_bits(channels: int, ksize: int, dilation: i
         reference = tc.conv1d_f16x3(hi, lo, x_inv, *args)
         alone = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args)
         assert torch.equal(alone[0], reference[3])
-        for tiles in (tc.LARGE, tc.SMALL, tc.Tiles(128, 64, 8, 2)):
+        for tiles in (f16_launch.LARGE, f16_launch.SMALL, f16_launch.Tiles(128, 64, 8, 2)):
             for split in (False, True):
                 out = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args, tiles=tiles, split=split)
                 assert torch.equal(out[0], reference[3]), (tiles, split)

@@ -26,7 +26,6 @@ the same order, so a row's output is bit-identical whatever batch it is computed
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 import triton
@@ -34,8 +33,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from streamdec.codecs.precision import F16_CHANNEL_QUANTUM
-
-CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
+from streamdec.kernels.f16_launch import Tiles, plan
 
 
 @triton.jit
@@ -229,51 +227,9 @@ def split_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return hi, lo, inverse
 
 
-class Tiles(NamedTuple):
-    """Launch shape: output tile (``block_m`` channels x ``block_n`` samples), warps, pipeline stages."""
-
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-
-
-# From a per-layer sweep over auk-24k at 1 x 70 on an H200 (bench/results/2026-11-30-h200-s4-conv-kernels.json):
-# small tiles (two programs per multiprocessor fit in shared memory) wherever large ones would not fill
-# the GPU once; the chunks then go to separate programs too.
-LARGE = Tiles(128, 128, 8, 3)
-SMALL = Tiles(64, 64, 4, 3)
-
-
-def block_k(cp: int) -> int:
-    """Input channels per step for ``cp`` (padded) input channels: a layer property, never a launch's."""
-    return 64 if cp % 64 == 0 else 32
-
-
-def chunking(steps: int) -> tuple[int, int]:
-    """``(steps per chunk, chunks)`` for a reduction of ``steps`` steps: as few equal chunks as keep each
-    at most :data:`CHUNK_STEPS`."""
-    count = triton.cdiv(steps, CHUNK_STEPS)
-    per = triton.cdiv(steps, count)
-    return per, triton.cdiv(steps, per)
-
-
-def default_tiles(batch: int, cout: int, tout: int, sms: int) -> Tiles:
-    """The launch shape for a ``batch`` x ``cout`` x ``tout`` output on a GPU with ``sms`` multiprocessors."""
-
-    def programs(t: Tiles) -> int:
-        return batch * triton.cdiv(cout, t.block_m) * triton.cdiv(tout, t.block_n)
-
-    return LARGE if programs(LARGE) >= sms else SMALL
-
-
 @functools.cache
 def _sm_count(device: int) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
-def _block(extent: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(extent)))
 
 
 def conv1d_f16x3(
@@ -291,9 +247,8 @@ def conv1d_f16x3(
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TIN - (KSIZE-1)*dilation] float32.
 
-    ``tiles`` and ``split`` override the launch (``scripts/probe_conv_precision.py`` times candidates);
-    by default :func:`default_tiles` picks the tiles, and the chunks run as separate programs when the
-    one-program grid would not fill the GPU. Neither changes a single bit of the result.
+    ``tiles`` and ``split`` override the launch (``scripts/bench_conv_kernels.py`` times candidates); by
+    default :func:`streamdec.kernels.f16_launch.plan` decides. Neither changes a single bit of the result.
     """
     batch, tin, cp = x_hi.shape
     ksize, cout, _ = w_hi.shape
@@ -301,22 +256,20 @@ def conv1d_f16x3(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    bk = block_k(cp)
-    per, nchunk = chunking(ksize * (cp // bk))
     sms = _sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
-    t = tiles or default_tiles(batch, cout, tout, sms)
-    warps = t.warps if t.block_m > 64 else 4  # one warpgroup per 64 rows
-    block_m, block_n = _block(cout, 64, t.block_m), _block(tout, 32, t.block_n)
-    warps = min(warps, 4 * (block_m // 64))
-    grid_mn = (triton.cdiv(tout, block_n), triton.cdiv(cout, block_m))
-    if split is None:
-        split = nchunk > 1 and grid_mn[0] * grid_mn[1] * batch < sms
-    split = split and nchunk > 1
-    x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], [block_n, bk]) for x in (x_hi, x_lo)]
-    w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], [block_m, bk]) for w in (w_hi, w_lo)]
+    launch = plan(
+        batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split
+    )
+    x_box, w_box = [launch.block_n, launch.block_k], [launch.block_m, launch.block_k]
+    x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo)]
+    w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo)]
     bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
-    out = torch.empty(nchunk, batch, cout, tout, device=y.device, dtype=torch.float32) if split else y
-    _conv1d_f16x3_kernel[(*grid_mn, batch * (nchunk if split else 1))](
+    out = (
+        torch.empty(launch.chunks, batch, cout, tout, device=y.device, dtype=torch.float32)
+        if launch.split
+        else y
+    )
+    _conv1d_f16x3_kernel[launch.grid](
         *x_descs,
         *w_descs,
         x_inv,
@@ -329,20 +282,20 @@ def conv1d_f16x3(
         tin,
         tout,
         dilation,
-        per,
-        nchunk,
+        launch.chunk_steps,
+        launch.chunks,
         KSIZE=ksize,
         HAS_BIAS=bias is not None,
-        SPLIT=split,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=bk,
-        num_warps=warps,
-        num_stages=t.stages,
+        SPLIT=launch.split,
+        BLOCK_M=launch.block_m,
+        BLOCK_N=launch.block_n,
+        BLOCK_K=launch.block_k,
+        num_warps=launch.warps,
+        num_stages=launch.stages,
     )
-    if split:
+    if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
-            out, x_inv, w_inv, bias_arg, y, batch * cout * tout, cout, tout, nchunk,
+            out, x_inv, w_inv, bias_arg, y, batch * cout * tout, cout, tout, launch.chunks,
             HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y

@@ -1,0 +1,76 @@
+"""The float16 split convolution's launch planning (pure; the kernel itself is tested on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamdec.kernels import f16_launch
+from streamdec.kernels.f16_launch import CHUNK_STEPS, LARGE, SMALL, Tiles, chunking, plan
+
+
+@given(st.integers(1, 5000))
+def test_chunks_cover_the_reduction_in_as_few_equal_pieces_as_fit(steps: int) -> None:
+    per, chunks = chunking(steps)
+    assert 1 <= per <= CHUNK_STEPS
+    assert per * (chunks - 1) < steps <= per * chunks  # every step in exactly one chunk, none empty
+    assert chunks == -(-steps // CHUNK_STEPS)  # no more chunks than the limit forces
+
+
+layers = st.fixed_dictionaries(
+    {
+        "padded_channels": st.integers(1, 64).map(lambda n: 32 * n),
+        "cout": st.integers(1, 4000),
+        "tout": st.integers(1, 40000),
+        "ksize": st.integers(1, 11),
+    }
+)
+launches = st.fixed_dictionaries(
+    {
+        "batch": st.integers(1, 64),
+        "sms": st.sampled_from([78, 108, 132]),
+        "tiles": st.sampled_from([None, LARGE, SMALL, Tiles(128, 64, 8, 2), Tiles(64, 128, 4, 3)]),
+        "split": st.sampled_from([None, False, True]),
+    }
+)
+
+
+@given(layers, launches, launches)
+def test_the_arithmetic_is_the_layers_whatever_the_launch(
+    layer: dict[str, int], one: dict[str, object], other: dict[str, object]
+) -> None:
+    """Step size and chunking (what sets the rounding) never depend on batch, tiles, split or GPU."""
+    a, b = plan(**layer, **one), plan(**layer, **other)  # type: ignore[arg-type]
+    assert (a.block_k, a.chunk_steps, a.chunks) == (b.block_k, b.chunk_steps, b.chunks)
+    assert layer["padded_channels"] % a.block_k == 0
+
+
+@given(layers, launches)
+def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, object]) -> None:
+    p = plan(**layer, **launch)  # type: ignore[arg-type]
+    tiles_n, tiles_m, programs = p.grid
+    assert tiles_n * p.block_n >= layer["tout"] and (tiles_n - 1) * p.block_n < layer["tout"]
+    assert tiles_m * p.block_m >= layer["cout"] and (tiles_m - 1) * p.block_m < layer["cout"]
+    assert programs == launch["batch"] * (p.chunks if p.split else 1)  # type: ignore[operator]
+    assert p.block_m >= 64 and p.block_n >= 32 and p.warps * 16 <= p.block_m  # a warpgroup per 64 rows
+    assert not p.split or p.chunks > 1
+
+
+def test_auk_first_stage_splits_at_batch_1_only() -> None:
+    """768 channels, 11 taps, 350 samples: batch 1 fills 72 of 132 SMs with small tiles, so its three
+    chunks run as separate programs; batch 16 fills the GPU with large tiles in one program each."""
+    one = plan(batch=1, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
+    assert (one.block_m, one.block_n, one.block_k) == (64, 64, 64) and (one.chunk_steps, one.chunks) == (
+        44,
+        3,
+    )
+    assert one.split and one.grid == (6, 12, 3)
+    sixteen = plan(batch=16, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
+    assert (sixteen.block_m, sixteen.block_n, sixteen.warps) == (128, 128, 8) and not sixteen.split
+    assert sixteen.grid == (3, 6, 16)
+
+
+def test_the_limit_is_read_when_planning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f16_launch, "CHUNK_STEPS", 4)
+    assert chunking(15) == (4, 4)
