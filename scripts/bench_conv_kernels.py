@@ -16,9 +16,7 @@ channels-last copy in one kernel) is timed on its own. Every float16 launch must
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,38 +27,11 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamdec.bench.meta import ResultFile, script_header
+from streamdec.bench.stats import graph_ms
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import PaddedConv1d, SplitConv
 from streamdec.codecs.precision import pack_split_weight, pack_split_weight_f16, split_tf32
 from streamdec.kernels.f16_launch import Tiles
-
-GRAPH_CALLS = 5
-
-
-def graph_ms(fn: Callable[[], object], reps: int) -> float:
-    """GPU milliseconds per call of ``fn``: ``GRAPH_CALLS`` calls captured in one graph, replays timed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture: compiles, allocator, cuDNN heuristics
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(float(start.elapsed_time(end)) / GRAPH_CALLS)
-    del graph
-    return statistics.median(times)
 
 
 def conv_inputs(codec: torch.nn.Module, z: Tensor) -> dict[str, tuple[Tensor, Tensor, int, int]]:
@@ -115,7 +86,7 @@ def measure(x: Tensor, w: Tensor, dilation: int, tiles16: list[Any], reps: int) 
         for label, tf32 in (("fp32_cudnn", False), ("tf32_cudnn", True)):
             cudnn.allow_tf32 = tf32
             row[f"err_{label}"] = rel(F.conv1d(x, w, dilation=dilation))
-            row[f"ms_{label}"] = graph_ms(lambda: F.conv1d(x, w, dilation=dilation), reps)
+            row[f"ms_{label}"] = graph_ms(lambda: F.conv1d(x, w, dilation=dilation), reps=reps)
         cudnn.allow_tf32 = False
         x_hi, x_lo = split_tf32(x)
         p32 = pack_split_weight(w)
@@ -124,7 +95,7 @@ def measure(x: Tensor, w: Tensor, dilation: int, tiles16: list[Any], reps: int) 
             return t32.conv1d_split(x_hi, x_lo, p32[0], p32[1], None, dilation)
 
         row["err_tf32x3"] = rel(tf32x3())
-        row["ms_tf32x3"] = graph_ms(tf32x3, reps)
+        row["ms_tf32x3"] = graph_ms(tf32x3, reps=reps)
         h16, l16, inv = t16.split_f16(x)
         p16, winv = pack_split_weight_f16(w)
 
@@ -133,8 +104,8 @@ def measure(x: Tensor, w: Tensor, dilation: int, tiles16: list[Any], reps: int) 
 
         default = f16()
         row["err_fp16x3"] = rel(default)
-        row["ms_fp16x3"] = graph_ms(f16, reps)
-        row["ms_fp16x3_split_prepass"] = graph_ms(lambda: t16.split_f16(x), reps)
+        row["ms_fp16x3"] = graph_ms(f16, reps=reps)
+        row["ms_fp16x3_split_prepass"] = graph_ms(lambda: t16.split_f16(x), reps=reps)
         variants: list[dict[str, Any]] = []
         for tiles in tiles16:
             for split in (False, True):
@@ -145,7 +116,7 @@ def measure(x: Tensor, w: Tensor, dilation: int, tiles16: list[Any], reps: int) 
                     continue
                 variants.append({
                     "tiles": list(tiles), "split": split, "bits_equal": bool(torch.equal(y, default)),
-                    "ms": graph_ms(lambda tiles=tiles, split=split: f16(tiles, split), reps),
+                    "ms": graph_ms(lambda tiles=tiles, split=split: f16(tiles, split), reps=reps),
                 })  # fmt: skip
     row["fp16x3_variants"] = variants
     timed = [v for v in variants if "ms" in v]

@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamdec.bench.meta import ResultFile, script_header
+from streamdec.bench.stats import median_ms
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.base import WindowRequest
@@ -102,18 +102,6 @@ def floor_per_frame(name: str, frames: int = 318) -> dict[str, Any]:
     # fp16x3: three float16 products, at the rate measured for bfloat16 (the tensor cores run both alike)
     per["us_per_frame_compute_fp16x3"] = 3 * flops / H200_FLOPS["bf16_tensor_measured"] * 1e6
     return per
-
-
-def _median_ms(fn: Callable[[], Any], reps: int, stream: torch.cuda.Stream) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def _reps(estimate_ms: float, target_ms: float, lo: int = 3, hi: int = 20) -> int:
@@ -186,7 +174,7 @@ class Bench(ResultFile):
             ref = self.forward(x)
             torch.cuda.synchronize()
             first = (time.perf_counter() - began) * 1e3
-            ms = _median_ms(lambda: self.forward(x), _reps(first, self.args.target_ms), self.stream)
+            ms = median_ms(lambda: self.forward(x), _reps(first, self.args.target_ms), stream=self.stream)
             self.record(key, "eager", ms, {})
             tiers = self._tiers(compile=False)
             tiers.warm([key])
@@ -195,7 +183,7 @@ class Bench(ResultFile):
             graph.graph.replay()
             torch.cuda.synchronize()
             errors = _errors(ref, graph.static_out)
-            ms = _median_ms(graph.graph.replay, _reps(ms, self.args.target_ms), self.stream)
+            ms = median_ms(graph.graph.replay, _reps(ms, self.args.target_ms), stream=self.stream)
             self.record(key, "graph", ms, {"vs_eager": errors})
             del tiers, graph, ref
         torch.cuda.empty_cache()
@@ -234,16 +222,16 @@ class Bench(ResultFile):
                 eager_ms = None
                 if self.args.eager_with_compiled:
                     estimate = graph.replay_ms or 10
-                    eager_ms = _median_ms(
-                        functools.partial(self.forward, x), _reps(estimate, 300, hi=10), self.stream
+                    eager_ms = median_ms(
+                        functools.partial(self.forward, x), _reps(estimate, 300, hi=10), stream=self.stream
                     )
                 graph.static_in.copy_(x)
                 graph.graph.replay()
                 torch.cuda.synchronize()
                 errors = _errors(ref, graph.static_out)
                 del ref
-                ms = _median_ms(
-                    graph.graph.replay, _reps(graph.replay_ms or 10, self.args.target_ms), self.stream
+                ms = median_ms(
+                    graph.graph.replay, _reps(graph.replay_ms or 10, self.args.target_ms), stream=self.stream
                 )
             extra = {"vs_eager": errors, "warm_seconds": round(seconds, 1)}
             if eager_ms is not None:

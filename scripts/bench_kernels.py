@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import streamdec.kernels.alias_free as af
 from streamdec.bench.meta import ResultFile, script_header
+from streamdec.bench.stats import graph_ms, median_ms
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.codecs.precision import PRECISIONS
@@ -44,36 +44,10 @@ from streamdec.engine.scheduler import BucketKey
 from streamdec.kernels import set_fused
 
 
-def median_ms(fn: Callable[[], Any], reps: int, warm: int = 2) -> float:
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def graph_us(fn: Callable[[], Any], calls: int = 10) -> float:
-    """GPU time of one call, from a CUDA graph of ``calls`` calls (no host launch cost in the figure)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return median_ms(graph.replay, 10) * 1e3 / calls
-
-
 def copy_bandwidth() -> float:
     src = torch.randn(256 * 1024 * 1024, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), 10)
+    ms = median_ms(lambda: dst.copy_(src), 10, warm=2)
     return 2 * src.numel() * 4 / (ms * 1e-3)
 
 
@@ -135,7 +109,7 @@ class Bench(ResultFile):
                 act.use_fused = False
                 with torch.no_grad():
                     ref = act(x)
-                    row["reference_us"] = graph_us(lambda act=act, x=x: act(x))
+                    row["reference_us"] = graph_ms(lambda act=act, x=x: act(x), calls=10) * 1e3
                 flat = x.view(b * c, t)
                 for name in self.args.variants:
                     launch = tk.LAUNCHERS[name]
@@ -143,7 +117,9 @@ class Bench(ResultFile):
                     args = (flat, act.filter.view(12), act.act.alpha_exp, act.act.beta_inv, out)
                     launch(*args)
                     row[f"{name}_max_abs_err"] = float((out.view_as(x) - ref).abs().max())
-                    row[f"{name}_us"] = graph_us(lambda launch=launch, args=args: launch(*args))
+                    row[f"{name}_us"] = (
+                        graph_ms(lambda launch=launch, args=args: launch(*args), calls=10) * 1e3
+                    )
                     row[f"{name}_pct_copy_bw"] = 100 * nbytes / (row[f"{name}_us"] * 1e-6) / bw
                 for impl in ("reference", *self.args.variants):
                     totals[impl] += count * row[f"{impl}_us"]

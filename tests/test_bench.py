@@ -158,3 +158,37 @@ def test_result_file_is_written_at_once_and_rewritten_whole(tmp_path: Path) -> N
     run.save()
     assert json.loads(out.read_text())["shapes"] == [{"batch": 1, "ms": 2.5}]
     assert run.elapsed() >= 0.0
+
+
+def test_median_ms_times_each_call_between_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA-event medians without a GPU: a fake clock advances 1, 5, 2, 9, 3 ms over the timed calls."""
+    from streamdec.bench import stats
+
+    durations = iter([1.0, 5.0, 2.0, 9.0, 3.0])
+    clock = [0.0]
+    calls: list[str] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.at = 0.0
+
+        def record(self, stream: object = None) -> None:
+            self.at = clock[0]
+
+        def synchronize(self) -> None:
+            calls.append("sync")
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return other.at - self.at
+
+    def fn() -> None:
+        calls.append("call")
+        if len([c for c in calls if c == "call"]) > 2:  # the two warm-up calls take no time
+            clock[0] += next(durations)
+
+    monkeypatch.setattr(stats.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(stats.torch.cuda, "synchronize", lambda: calls.append("device sync"))
+    assert stats.median_ms(fn, 5, warm=2) == 3.0
+    assert calls[:3] == ["call", "call", "device sync"]  # warm-up, then a synchronisation, then timing
+    assert calls.count("call") == 7 and calls.count("sync") == 5

@@ -6,14 +6,15 @@ made before the timed ones and never enter a summary.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["Summary", "summary", "timed"]
+__all__ = ["Summary", "graph_ms", "median_ms", "summary", "timed"]
 
 T = TypeVar("T")
 Summary = dict[str, float | int | None]
@@ -54,3 +55,42 @@ def timed(fn: Callable[[], T], device: torch.device) -> tuple[T, float]:
     began = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - began
+
+
+def median_ms(
+    fn: Callable[[], Any], reps: int, *, warm: int = 0, stream: torch.cuda.Stream | None = None
+) -> float:
+    """Median milliseconds of ``reps`` calls of ``fn`` on CUDA, each between two events recorded on
+    ``stream`` (the current stream by default), after ``warm`` untimed calls and a synchronisation."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    return statistics.median(times)
+
+
+def graph_ms(fn: Callable[[], Any], *, calls: int = 5, reps: int = 10) -> float:
+    """Milliseconds of one call of ``fn`` on CUDA without its host launch cost: ``calls`` calls captured
+    in one CUDA graph, the replays timed by :func:`median_ms`, divided by ``calls``. Two calls on a side
+    stream first (compiles, allocator, cuDNN heuristics stay out of the capture)."""
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    ms = median_ms(graph.replay, reps, warm=1)
+    del graph
+    return ms / calls
