@@ -3,8 +3,8 @@
 
 Computes ``y[b, o, t] = bias[o] + sum_j sum_c w[o, c, j] * x[b, c, t + j * dil]`` as an implicit GEMM
 (``M`` = output channels, ``N`` = output samples, the reduction over (tap, channel block) steps) from
-operands split by :func:`streamdec.kernels.conv.split_f16` and :func:`~streamdec.kernels.conv.pack_f16`:
-``x * 2**kx[b] = x_hi + x_lo`` and ``w * 2**kw[o] = w_hi + w_lo``, every part float16. The power-of-two
+operands split by :func:`split_f16` (below) and :func:`streamdec.codecs.precision.pack_split_weight_f16`:
+``x * 2**kx[b] ~ x_hi + x_lo`` and ``w * 2**kw[o] ~ w_hi + w_lo`` to 22 bits, every part float16. The power-of-two
 scales (one per batch row, one per output channel) put each operand's largest magnitude in
 ``[2**13, 2**14)``, inside float16's range, and far enough above its subnormals that the tail keeps 11
 bits wherever it matters: the split carries 22 of float32's 24 bits, like the TF32 split, in half the
@@ -15,12 +15,14 @@ Each step multiplies three times, ``w_lo * x_hi + w_hi * x_lo + w_hi * x_hi``, i
 accumulator that an ordinary float32 add folds into the running sum (the tensor cores' accumulator
 loses a little at every MMA step; see :mod:`streamdec.kernels._triton_conv`). Operands arrive by TMA
 (tensor descriptors: no per-element address registers, no masks; zero fill past the ends) into
-swizzled shared memory, where ``wgmma`` reads them.
+swizzled shared memory, where ``wgmma`` reads them; the input is channels-last, so a box may start at any
+sample but always at an aligned channel.
 
 The reduction is cut into ``chunks`` of whole steps, fixed per layer: each chunk sums its steps from
 zero and the chunks are added in order. A small grid (batch 1) runs one chunk per program and a second
 kernel adds them (split-K); a large grid runs all chunks in one program. Both add the same numbers in
-the same order, so a row's output is bit-identical whatever batch it is computed in.
+the same order, so a row's output is bit-identical whatever batch it is computed in. The launch is
+planned in :mod:`streamdec.kernels.f16_launch`.
 """
 
 from __future__ import annotations
