@@ -117,7 +117,8 @@ def default_tiles(batch: int, cout: int, tout: int, sms: int) -> Tiles:
 
 
 @functools.cache
-def _sm_count(device: int) -> int:
+def sm_count(device: int) -> int:
+    """Multiprocessors of CUDA device ``device`` (what the launch rules fill)."""
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
@@ -145,7 +146,7 @@ def conv1d_split(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    sms = _sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
+    sms = sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
     t = tiles or default_tiles(batch, cout, tout, sms)
     # tl.dot needs every block extent >= 16
     block_m, block_n, block_k = (

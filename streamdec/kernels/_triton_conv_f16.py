@@ -27,14 +27,13 @@ planned in :mod:`streamdec.kernels.f16_launch`.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from streamdec.codecs.precision import F16_CHANNEL_QUANTUM
+from streamdec.kernels._triton_conv import sm_count
 from streamdec.kernels.f16_launch import Tiles, plan
 
 
@@ -229,11 +228,6 @@ def split_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return hi, lo, inverse
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def conv1d_f16x3(
     x_hi: torch.Tensor,
     x_lo: torch.Tensor,
@@ -258,7 +252,7 @@ def conv1d_f16x3(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    sms = _sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
+    sms = sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
     launch = plan(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split
     )
