@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from conv_cases import conv_case, conv_shapes, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -24,38 +25,11 @@ from streamdec.codecs.precision import pack_split_weight, split_tf32
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.conv import conv1d_split_tf32, split_conv1d
 
-shapes = st.fixed_dictionaries(
-    {
-        "batch": st.integers(1, 3),
-        "cin": st.integers(1, 40),
-        "cout": st.integers(1, 70),
-        "ksize": st.sampled_from([1, 3, 7, 11]),
-        "dilation": st.sampled_from([1, 3, 5]),
-        "tout": st.integers(1, 150),
-        "bias": st.booleans(),
-        "seed": st.integers(0, 2**16),
-    }
-)
-
-
-def _case(p: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    gen = torch.Generator().manual_seed(p["seed"])
-    tin = p["tout"] + (p["ksize"] - 1) * p["dilation"]
-    x = torch.randn(p["batch"], p["cin"], tin, generator=gen)
-    w = torch.randn(p["cout"], p["cin"], p["ksize"], generator=gen) / (p["cin"] * p["ksize"]) ** 0.5
-    bias = torch.randn(p["cout"], generator=gen) if p["bias"] else None
-    return x, w, bias
-
-
-def _error_scale(x: torch.Tensor, w: torch.Tensor, dilation: int) -> torch.Tensor:
-    """``sum |x| |w|`` per output: what float32 round-off is relative to."""
-    return F.conv1d(x.double().abs(), w.double().abs(), dilation=dilation)
-
 
 @settings(max_examples=40, deadline=None)
-@given(shapes)
+@given(conv_shapes)
 def test_op_reference_path_is_the_convolution(p: dict[str, int]) -> None:
-    x, w, bias = _case(p)
+    x, w, bias = conv_case(p)
     packed = pack_split_weight(w)
     out = split_conv1d(x, packed, bias, p["dilation"])
     want = F.conv1d(x, w, bias, dilation=p["dilation"])
@@ -72,7 +46,7 @@ def test_fake_implementation_gives_the_shape() -> None:
 
 
 def test_bad_inputs_are_typed_errors() -> None:
-    x, w, _ = _case(
+    x, w, _ = conv_case(
         {"batch": 1, "cin": 4, "cout": 6, "ksize": 3, "dilation": 1, "tout": 10, "bias": 0, "seed": 0}
     )
     packed = pack_split_weight(w)
@@ -146,17 +120,14 @@ needs_interpreter = pytest.mark.skipif(
 
 @needs_interpreter
 @settings(max_examples=25, deadline=None)
-@given(shapes)
+@given(conv_shapes)
 def test_triton_kernel_under_the_interpreter(p: dict[str, int]) -> None:
     from streamdec.kernels import _triton_conv as tc
 
-    x, w, bias = _case(p)
+    x, w, bias = conv_case(p)
     packed = pack_split_weight(w)
     out = tc.conv1d_split(*split_tf32(x), packed[0], packed[1], bias, p["dilation"])
-    exact = F.conv1d(x.double(), w.double(), None if bias is None else bias.double(), dilation=p["dilation"])
-    scale = _error_scale(x, w, p["dilation"]) + (0.0 if bias is None else bias.double().abs()[:, None])
-    assert out.shape == exact.shape
-    assert float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max()) <= 2e-6
+    assert relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
 
 
 @needs_interpreter

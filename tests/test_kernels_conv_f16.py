@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
+from conv_cases import conv_case, conv_shapes, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -99,48 +99,14 @@ def test_weight_pack_keeps_22_bits_per_output_channel(cout: int, cin: int, ksize
     assert bool(((again - w.double()).abs().amax(dim=(1, 2)) <= 2.0**-22 * peak).all())
 
 
-conv_cases = st.fixed_dictionaries(
-    {
-        "batch": st.integers(1, 3),
-        "cin": st.integers(1, 40),
-        "cout": st.integers(1, 70),
-        "ksize": st.sampled_from([1, 3, 7, 11]),
-        "dilation": st.sampled_from([1, 3, 5]),
-        "tout": st.integers(1, 150),
-        "bias": st.booleans(),
-        "seed": st.integers(0, 2**16),
-    }
-)
-
-
-def _case(p: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    gen = torch.Generator().manual_seed(p["seed"])
-    tin = p["tout"] + (p["ksize"] - 1) * p["dilation"]
-    x = torch.randn(p["batch"], p["cin"], tin, generator=gen)
-    w = torch.randn(p["cout"], p["cin"], p["ksize"], generator=gen) / (p["cin"] * p["ksize"]) ** 0.5
-    bias = torch.randn(p["cout"], generator=gen) if p["bias"] else None
-    return x, w, bias
-
-
-def _relative_error(
-    out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, d: int
-) -> float:
-    """Max error over ``sum |x| |w| + |bias|`` per output: what round-off is relative to."""
-    exact = F.conv1d(x.double(), w.double(), None if bias is None else bias.double(), dilation=d)
-    scale = F.conv1d(x.double().abs(), w.double().abs(), dilation=d)
-    scale = scale + (0.0 if bias is None else bias.double().abs()[:, None])
-    assert out.shape == exact.shape
-    return float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max())
-
-
 @settings(max_examples=40, deadline=None)
-@given(conv_cases)
+@given(conv_shapes)
 def test_op_reference_path_is_the_convolution(p: dict[str, int]) -> None:
-    x, w, bias = _case(p)
+    x, w, bias = conv_case(p)
     packed, inverse = pack_split_weight_f16(w)
     out = split_conv1d_f16(x, packed, inverse, bias, p["dilation"])
     assert out.shape == (p["batch"], p["cout"], p["tout"]) and out.dtype == torch.float32
-    assert _relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
+    assert relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
 
 
 def test_fake_implementation_gives_the_shape() -> None:
@@ -152,7 +118,7 @@ def test_fake_implementation_gives_the_shape() -> None:
 
 
 def test_bad_inputs_are_typed_errors() -> None:
-    x, w, _ = _case(
+    x, w, _ = conv_case(
         {"batch": 1, "cin": 4, "cout": 6, "ksize": 3, "dilation": 1, "tout": 10, "bias": 0, "seed": 0}
     )
     packed, inverse = pack_split_weight_f16(w)
@@ -222,15 +188,15 @@ needs_interpreter = pytest.mark.skipif(
 
 @needs_interpreter
 @settings(max_examples=25, deadline=None)
-@given(conv_cases, st.booleans())
+@given(conv_shapes, st.booleans())
 def test_triton_kernel_under_the_interpreter(p: dict[str, int], split: bool) -> None:
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    x, w, bias = _case(p)
+    x, w, bias = conv_case(p)
     packed, inverse = pack_split_weight_f16(w)
     hi, lo, x_inv = split_input_f16(x)
     out = tc.conv1d_f16x3(hi, lo, x_inv, packed[0], packed[1], inverse, bias, p["dilation"], split=split)
-    assert _relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
+    assert relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
 
 
 @needs_interpreter
@@ -239,7 +205,7 @@ def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.Mon
     from streamdec.kernels import _triton_conv_f16 as tc
 
     monkeypatch.setattr(f16_launch, "CHUNK_STEPS", 4)  # 15 steps: chunks of 4, 4, 4, 3
-    x, w, bias = _case(
+    x, w, bias = conv_case(
         {"batch": 2, "cin": 96, "cout": 70, "ksize": 5, "dilation": 1, "tout": 33, "bias": 1, "seed": 3}
     )
     packed, inverse = pack_split_weight_f16(w)

@@ -1,0 +1,46 @@
+"""Helpers for the split-convolution tests (no tests here): random layer shapes, and the error measure.
+
+tests/test_kernels_conv.py (the TF32 split) and tests/test_kernels_conv_f16.py (the float16 split) draw
+the same layers and judge them the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+conv_shapes = st.fixed_dictionaries(
+    {
+        "batch": st.integers(1, 3),
+        "cin": st.integers(1, 40),
+        "cout": st.integers(1, 70),
+        "ksize": st.sampled_from([1, 3, 7, 11]),
+        "dilation": st.sampled_from([1, 3, 5]),
+        "tout": st.integers(1, 150),
+        "bias": st.booleans(),
+        "seed": st.integers(0, 2**16),
+    }
+)
+
+
+def conv_case(p: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(x, w, bias)`` for one :data:`conv_shapes` draw: ``x`` already padded for ``tout`` outputs."""
+    gen = torch.Generator().manual_seed(p["seed"])
+    tin = p["tout"] + (p["ksize"] - 1) * p["dilation"]
+    x = torch.randn(p["batch"], p["cin"], tin, generator=gen)
+    w = torch.randn(p["cout"], p["cin"], p["ksize"], generator=gen) / (p["cin"] * p["ksize"]) ** 0.5
+    bias = torch.randn(p["cout"], generator=gen) if p["bias"] else None
+    return x, w, bias
+
+
+def relative_error(
+    out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, dilation: int
+) -> float:
+    """Largest error of ``out`` against the float64 convolution, per output relative to
+    ``sum |x| |w| + |bias|``: what float32 round-off is relative to."""
+    exact = F.conv1d(x.double(), w.double(), None if bias is None else bias.double(), dilation=dilation)
+    scale = F.conv1d(x.double().abs(), w.double().abs(), dilation=dilation)
+    scale = scale + (0.0 if bias is None else bias.double().abs()[:, None])
+    assert out.shape == exact.shape
+    return float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max())
