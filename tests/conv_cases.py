@@ -6,9 +6,19 @@ the same layers and judge them the same way.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
+
+# The Triton kernels run on the CPU only under the interpreter; CI has neither, so those tests skip there.
+needs_interpreter = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs Triton and TRITON_INTERPRET=1 (the GPU runs are in the *_cuda.py tests)",
+)
 
 conv_shapes = st.fixed_dictionaries(
     {
@@ -44,3 +54,17 @@ def relative_error(
     scale = scale + (0.0 if bias is None else bias.double().abs()[:, None])
     assert out.shape == exact.shape
     return float(((out.double() - exact).abs() / scale.clamp_min(1e-30)).max())
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, op: str) -> list[int]:
+    """Wrap ``torch.ops.streamdec.<op>`` for the test: the returned list grows by one per call."""
+    calls: list[int] = []
+    real = getattr(torch.ops.streamdec, op)
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        out: torch.Tensor = real(*args)
+        return out
+
+    monkeypatch.setattr(torch.ops.streamdec, op, counted)
+    return calls

@@ -7,13 +7,10 @@ not its speed or its tensor-core rounding. The GPU checks are in ``tests/test_ke
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
-from conv_cases import conv_case, conv_shapes, relative_error
+from conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -77,14 +74,7 @@ def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> 
     codec.precision = "tf32x3"
     convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_split is not None and m.split_weight is None for m in convs)
-    calls: list[int] = []
-    real = conv1d_split_tf32
-
-    def counted(*args: object) -> torch.Tensor:
-        calls.append(1)
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_tf32", counted)
+    calls = count_calls(monkeypatch, "conv1d_split_tf32")
     routed = codec.decode(z)
     assert len(calls) == len(convs)  # every conv layer once: tiny decodes each layer once per call
     torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
@@ -110,12 +100,6 @@ def test_transposed_conv_is_one_conv_per_phase(
     phases = F.conv1d(F.pad(x, (taps - 1, 0)), polyphase_weight(w, stride))  # [2, stride*cout, T]
     got = phases.view(2, stride, cout, length).permute(0, 2, 3, 1).reshape(2, cout, length * stride)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
-
-
-needs_interpreter = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="needs Triton and TRITON_INTERPRET=1 (the GPU run is in test_kernels_cuda.py)",
-)
 
 
 @needs_interpreter

@@ -6,13 +6,11 @@ installed; CI has neither, so those tests skip). The GPU checks are in ``tests/t
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 
 import pytest
 import torch
-from conv_cases import conv_case, conv_shapes, relative_error
+from conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -154,14 +152,7 @@ def test_fp16x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> 
     convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_f16 is not None and m.packed_split is None and m.split_weight is None for m in convs)
     assert layers_module.all_convs_on_triton_split(codec)
-    calls: list[int] = []
-    real = conv1d_split_f16
-
-    def counted(*args: object) -> torch.Tensor:
-        calls.append(1)
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", counted)
+    calls = count_calls(monkeypatch, "conv1d_split_f16")
     routed = codec.decode(z)
     assert len(calls) == len(convs)
     torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
@@ -178,12 +169,6 @@ def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
     monkeypatch.setattr(layers_module, "_f16_conv_supported", lambda t: False)  # a GPU without TMA
     assert codec.use_auto_precision() == "tf32x3"  # every layer on the TF32 kernel
     assert all(m.packed_split is not None for m in codec.modules() if isinstance(m, PaddedConv1d))
-
-
-needs_interpreter = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="needs Triton and TRITON_INTERPRET=1 (the GPU run is in test_kernels_conv_f16_cuda.py)",
-)
 
 
 @needs_interpreter
