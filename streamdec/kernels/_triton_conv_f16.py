@@ -36,8 +36,14 @@ from streamdec.codecs.precision import F16_CHANNEL_QUANTUM
 from streamdec.kernels._triton_conv import sm_count
 from streamdec.kernels.f16_launch import Tiles, plan
 
+# Triton compiles one binary per distinct constexpr set and per integer argument's "is 1 / divisible by 16"
+# class: sizes that vary layer by layer stay runtime values (with KSIZE a constexpr and every integer
+# specialised, auk-24k's 1 x 70 and 16 x 70 buckets needed 74 binaries, about a minute of cold start).
+# Only CP stays specialised: it is always a multiple of F16_CHANNEL_QUANTUM, so it costs no extra binary.
+_RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def _conv1d_f16x3_kernel(
     x_hi_desc,  # [B * TIN, CP] float16: scaled input heads, channels-last, channels padded to CP
     x_lo_desc,  # same: tails
@@ -55,7 +61,7 @@ def _conv1d_f16x3_kernel(
     DIL,
     CHUNK,  # steps per chunk
     NCHUNK,
-    KSIZE: tl.constexpr,
+    KSIZE,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -117,7 +123,7 @@ def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIA
     return y
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PLANE", "COUT", "TOUT", "NCHUNK"])
 def _chunk_sum_kernel(
     part_ptr,  # [NCHUNK, B, COUT, TOUT] float32
     x_inv_ptr,
@@ -159,7 +165,7 @@ def _pow2_from_amax(bits):
     return scale, inverse
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ROW"])
 def _row_amax_kernel(x_ptr, amax_ptr, ROW, BLOCK: tl.constexpr):
     """``amax_ptr[b]`` (int32, zeroed) <- the float32 bits of ``max |x[b]|``: non-negative floats order as
     their bits, so an integer atomic max is exact and independent of the programs' order."""
@@ -169,7 +175,7 @@ def _row_amax_kernel(x_ptr, amax_ptr, ROW, BLOCK: tl.constexpr):
     tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["C", "T"])
 def _split_kernel(
     x_ptr,  # [B, C, T] float32, contiguous
     amax_ptr,  # [B] int32: bits of each row's peak
@@ -280,7 +286,7 @@ def conv1d_f16x3(
         dilation,
         launch.chunk_steps,
         launch.chunks,
-        KSIZE=ksize,
+        ksize,
         HAS_BIAS=bias is not None,
         SPLIT=launch.split,
         BLOCK_M=launch.block_m,
