@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -97,14 +98,18 @@ def test_weight_pack_keeps_22_bits_per_output_channel(cout: int, cin: int, ksize
     assert bool(((again - w.double()).abs().amax(dim=(1, 2)) <= 2.0**-22 * peak).all())
 
 
+pads = st.tuples(st.integers(0, 12), st.integers(0, 12))
+
+
 @settings(max_examples=40, deadline=None)
-@given(conv_shapes)
-def test_op_reference_path_is_the_convolution(p: dict[str, int]) -> None:
+@given(conv_shapes, pads)
+def test_op_reference_path_is_the_convolution(p: dict[str, int], pad: tuple[int, int]) -> None:
+    """The op pads as it convolves: the result is the convolution of the zero-padded input."""
     x, w, bias = conv_case(p)
     packed, inverse = pack_split_weight_f16(w)
-    out = split_conv1d_f16(x, packed, inverse, bias, p["dilation"])
-    assert out.shape == (p["batch"], p["cout"], p["tout"]) and out.dtype == torch.float32
-    assert relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
+    out = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad)
+    assert out.shape == (p["batch"], p["cout"], p["tout"] + sum(pad)) and out.dtype == torch.float32
+    assert relative_error(out, F.pad(x, pad), w, bias, p["dilation"]) <= 2e-6
 
 
 def test_fake_implementation_gives_the_shape() -> None:
@@ -112,7 +117,11 @@ def test_fake_implementation_gives_the_shape() -> None:
         x = torch.empty(2, 20, 100)
         packed = torch.empty(2, 5, 16, 32, dtype=torch.float16)
         out = torch.ops.streamdec.conv1d_split_f16(x, packed[0], packed[1], torch.empty(16), None, 3)
+        padded = torch.ops.streamdec.conv1d_split_f16(
+            x, packed[0], packed[1], torch.empty(16), None, 3, 12, 1
+        )
     assert out.shape == (2, 16, 100 - 4 * 3) and out.dtype == torch.float32
+    assert padded.shape == (2, 16, 100 + 13 - 4 * 3)
 
 
 def test_bad_inputs_are_typed_errors() -> None:
@@ -124,6 +133,9 @@ def test_bad_inputs_are_typed_errors() -> None:
         split_conv1d_f16(torch.cat([x] * 9, dim=1), packed, inverse, None, 1)  # 36 channels pad to 64
     with pytest.raises(ShapeError, match="samples"):
         split_conv1d_f16(x[..., :2], packed, inverse, None, 1)
+    with pytest.raises(ShapeError, match="padded by"):
+        split_conv1d_f16(x, packed, inverse, None, 1, (-1, 0))
+    assert split_conv1d_f16(x[..., :1], packed, inverse, None, 1, (1, 1)).shape == (1, 6, 1)
     with pytest.raises(ShapeError, match="one shape"):
         conv1d_split_f16(x, packed[0], packed[1][:, 1:], inverse, None, 1)
     with pytest.raises(ShapeError, match="scales"):
@@ -205,16 +217,17 @@ def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.Mon
 
 @needs_interpreter
 @settings(max_examples=20, deadline=None)
-@given(row_cases)
-def test_triton_split_is_the_reference_split_bit_for_bit(p: dict[str, object]) -> None:
-    """The op's two-kernel split (row peaks by integer atomic max, then one pass) equals split_input_f16."""
+@given(row_cases, pads)
+def test_triton_split_is_the_reference_split_bit_for_bit(p: dict[str, object], pad: tuple[int, int]) -> None:
+    """The op's two-kernel split (row peaks by integer atomic max, then one pass that also writes the
+    zero padding) equals split_input_f16 of the padded input."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     batch, channels, samples = int(p["batch"]), int(p["channels"]), int(p["samples"])  # type: ignore[call-overload]
     gen = torch.Generator().manual_seed(int(p["seed"]))  # type: ignore[call-overload]
     magnitude = torch.tensor([10.0**s for s in p["log_scales"]][:batch])  # type: ignore[attr-defined]
     x = (torch.randn(batch, channels, samples, generator=gen) * magnitude[:, None, None]).float()
-    for ours, reference in zip(tc.split_f16(x), split_input_f16(x), strict=True):
+    for ours, reference in zip(tc.split_f16(x, *pad), split_input_f16(F.pad(x, pad)), strict=True):
         assert torch.equal(ours, reference)
 
 
@@ -228,8 +241,11 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     plain = codec.decode(z)
     _route_cpu_through_the_f16_kernel(monkeypatch)
 
-    def interpreted(x: torch.Tensor, *weight: object) -> torch.Tensor:
-        return tc.conv1d_f16x3(*tc.split_f16(x), *weight)  # type: ignore[arg-type]
+    def interpreted(
+        x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
+        bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
+    ) -> torch.Tensor:  # fmt: skip
+        return tc.conv1d_f16x3(*tc.split_f16(x, pad_left, pad_right), w_hi, w_lo, w_inv, bias, dilation)
 
     monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", interpreted)
     codec.precision = "fp16x3"

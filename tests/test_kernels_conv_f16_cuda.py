@@ -109,6 +109,20 @@ def test_split_kernels_match_the_reference_split() -> None:
     x = x.cuda()
     for ours, reference in zip(tc.split_f16(x), split_input_f16(x), strict=True):
         assert torch.equal(ours, reference)
+    for pads in ((10, 0), (3, 5), (0, 7)):  # the padding written by the split, as the layers ask for it
+        for ours, reference in zip(tc.split_f16(x, *pads), split_input_f16(F.pad(x, pads)), strict=True):
+            assert torch.equal(ours, reference), pads
+
+
+def test_padding_inside_the_op_is_padding_before_it() -> None:
+    """The op's own zero padding gives the bits of the same op on a padded copy (one layer, batch 3)."""
+    x, w = _case(3, 192, 7, 3, 400)
+    packed, inverse = pack_split_weight_f16(w)
+    with torch.inference_mode():
+        for pads in ((18, 0), (9, 9)):
+            inside = split_conv1d_f16(x, packed, inverse, None, 3, pads)
+            before = split_conv1d_f16(F.pad(x, pads), packed, inverse, None, 3)
+            assert torch.equal(inside, before), pads
 
 
 def test_whole_auk_decode_reaches_float32_accuracy() -> None:

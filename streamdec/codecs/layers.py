@@ -164,14 +164,17 @@ class SplitConv(nn.Module):
         """Whether this call goes through a Triton split kernel (:meth:`triton_conv`)."""
         return (self.packed_split is not None or self.packed_f16 is not None) and _takes_split(x)
 
-    def triton_conv(self, x: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
-        """``x`` (padded) through this layer's ordinary-convolution form, on whichever kernel holds it."""
+    def triton_conv(
+        self, x: Tensor, bias: Tensor | None, dilation: int, pads: tuple[int, int] = (0, 0)
+    ) -> Tensor:
+        """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form, on whichever
+        kernel holds it (the float16 op pads as it splits, without a padded copy)."""
         if self.packed_f16 is not None:
             assert _split_conv1d_f16 is not None and self.f16_inverse is not None  # set only where it loaded
-            out: Tensor = _split_conv1d_f16(x, self.packed_f16, self.f16_inverse, bias, dilation)
+            out: Tensor = _split_conv1d_f16(x, self.packed_f16, self.f16_inverse, bias, dilation, pads)
             return out
         assert _split_conv1d is not None and self.packed_split is not None  # likewise
-        out = _split_conv1d(x, self.packed_split, bias, dilation)
+        out = _split_conv1d(F.pad(x, pads), self.packed_split, bias, dilation)
         return out
 
     def triton_weight(self) -> Tensor | None:
@@ -224,9 +227,9 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         return self.weight
 
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
-        x = F.pad(x, (self.pad_left, self.pad_right))
         if self.on_triton(x):
-            return self.triton_conv(x, self.bias, self.dilation[0])
+            return self.triton_conv(x, self.bias, self.dilation[0], (self.pad_left, self.pad_right))
+        x = F.pad(x, (self.pad_left, self.pad_right))
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)
@@ -303,7 +306,7 @@ class CausalConvTranspose1d(_SplitConvTranspose1d):
         stride = self.stride[0]
         taps = self.kernel_size[0] // stride
         bias = None if self.bias is None else self.bias.repeat(stride)  # channel p*Cout + co -> bias[co]
-        phases = self.triton_conv(F.pad(x, (taps - 1, 0)), bias, 1)  # [B, s*Cout, T]
+        phases = self.triton_conv(x, bias, 1, (taps - 1, 0))  # [B, s*Cout, T]
         cout = phases.shape[1] // stride
         return (
             phases.view(batch, stride, cout, length).permute(0, 2, 3, 1).reshape(batch, cout, length * stride)

@@ -175,62 +175,72 @@ def _row_amax_kernel(x_ptr, amax_ptr, ROW, BLOCK: tl.constexpr):
     tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
 
 
-@triton.jit(do_not_specialize=["C", "T"])
+@triton.jit(do_not_specialize=["C", "T", "PAD_LEFT", "T_OUT"])
 def _split_kernel(
     x_ptr,  # [B, C, T] float32, contiguous
     amax_ptr,  # [B] int32: bits of each row's peak
-    hi_ptr,  # [B, T, CP] float16, channels-last
+    hi_ptr,  # [B, T_OUT, CP] float16, channels-last: T_OUT = PAD_LEFT + T + right padding
     lo_ptr,
     inv_ptr,  # [B] float32: 2**-k
     C,
     T,
     CP,
+    PAD_LEFT,
+    T_OUT,
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
-    """:func:`streamdec.codecs.precision.split_input_f16`, bit for bit, in one pass."""
+    """:func:`streamdec.codecs.precision.split_input_f16` of the zero-padded input, bit for bit, in one
+    pass: the padding is written here (zeros split to zeros), never as a padded float32 copy."""
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     row = tl.program_id(2)
     scale, inverse = _pow2_from_amax(tl.load(amax_ptr + row))
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = (offs_t < T)[None, :]
+    offs_out = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_t = offs_out - PAD_LEFT
+    t_ok = ((offs_t >= 0) & (offs_t < T))[None, :]
     x = tl.load(
         x_ptr + (row.to(tl.int64) * C + offs_c[:, None]) * T + offs_t[None, :],
         mask=(offs_c < C)[:, None] & t_ok,
-        other=0.0,  # the padding channels
+        other=0.0,  # the padding samples and channels
     )
     scaled = (x * scale).to(tl.int32, bitcast=True)
     hi = ((scaled + 4096) & -8192).to(tl.float32, bitcast=True)  # split_tf32's rounding: 10 mantissa bits
     lo = scaled.to(tl.float32, bitcast=True) - hi
-    out = (row.to(tl.int64) * T + offs_t[None, :]) * CP + offs_c[:, None]
-    mask = (offs_c < CP)[:, None] & t_ok
+    out = (row.to(tl.int64) * T_OUT + offs_out[None, :]) * CP + offs_c[:, None]
+    mask = (offs_c < CP)[:, None] & (offs_out < T_OUT)[None, :]
     tl.store(hi_ptr + out, hi.to(tl.float16), mask=mask)
     tl.store(lo_ptr + out, lo.to(tl.float16), mask=mask)
     if (pid_t == 0) & (pid_c == 0):
         tl.store(inv_ptr + row, inverse)
 
 
-def split_f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_f16(
+    x: torch.Tensor, pad_left: int = 0, pad_right: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
-    :func:`streamdec.codecs.precision.split_input_f16`, in two kernels (a row-peak pass, then the split)
-    rather than the handful of elementwise ones, and nothing for ``torch.compile`` to generate per layer."""
+    :func:`streamdec.codecs.precision.split_input_f16` of ``F.pad(x, (pad_left, pad_right))``, in two
+    kernels (a row-peak pass, then the split) rather than the handful of elementwise ones, nothing for
+    ``torch.compile`` to generate per layer, and no padded copy of ``x``."""
     batch, channels, samples = x.shape
     x = x.contiguous()
     padded = channels + (-channels % F16_CHANNEL_QUANTUM)
+    length = pad_left + samples + pad_right
     amax = torch.zeros(batch, dtype=torch.int32, device=x.device)
-    hi = torch.empty(batch, samples, padded, dtype=torch.float16, device=x.device)
+    hi = torch.empty(batch, length, padded, dtype=torch.float16, device=x.device)
     lo = torch.empty_like(hi)
     inverse = torch.empty(batch, dtype=torch.float32, device=x.device)
-    if batch == 0 or samples == 0:
+    if batch == 0 or length == 0:
         return hi, lo, inverse
     row = channels * samples
-    _row_amax_kernel[(triton.cdiv(row, 4096), batch)](x, amax, row, BLOCK=4096, num_warps=8)
-    grid = (triton.cdiv(samples, 64), triton.cdiv(padded, 32), batch)
+    if row > 0:  # a row of padding only has peak 0, as the zeroed amax says
+        _row_amax_kernel[(triton.cdiv(row, 4096), batch)](x, amax, row, BLOCK=4096, num_warps=8)
+    grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](
-        x, amax, hi, lo, inverse, channels, samples, padded, BLOCK_C=32, BLOCK_T=64, num_warps=4
-    )
+        x, amax, hi, lo, inverse, channels, samples, padded, pad_left, length,
+        BLOCK_C=32, BLOCK_T=64, num_warps=4,
+    )  # fmt: skip
     return hi, lo, inverse
 
 

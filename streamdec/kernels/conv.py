@@ -127,7 +127,14 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int) 
 
 
 def _check_f16(
-    x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int
+    x: Tensor,
+    w_hi: Tensor,
+    w_lo: Tensor,
+    w_inv: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    pad_left: int,
+    pad_right: int,
 ) -> None:
     if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
@@ -143,11 +150,13 @@ def _check_f16(
     if (
         (bias is not None and bias.shape != (cout,))
         or dilation < 1
-        or x.shape[2] < (ksize - 1) * dilation + 1
+        or min(pad_left, pad_right) < 0
+        or pad_left + x.shape[2] + pad_right < (ksize - 1) * dilation + 1
     ):
         raise ShapeError(
-            f"conv1d_split_f16: {x.shape[2]} samples, a {ksize}-tap kernel at dilation {dilation}, bias "
-            f"{None if bias is None else tuple(bias.shape)} for {cout} outputs"
+            f"conv1d_split_f16: {x.shape[2]} samples padded by ({pad_left}, {pad_right}), a {ksize}-tap "
+            f"kernel at dilation {dilation}, bias {None if bias is None else tuple(bias.shape)} for {cout} "
+            "outputs"
         )
     for name, t, dtype in (
         ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
@@ -159,44 +168,78 @@ def _check_f16(
 
 @torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=())
 def conv1d_split_f16(
-    x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int
+    x: Tensor,
+    w_hi: Tensor,
+    w_lo: Tensor,
+    w_inv: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    pad_left: int = 0,
+    pad_right: int = 0,
 ) -> Tensor:
-    """``conv1d(x, w, bias, dilation=dilation)`` for an already padded float32 ``x`` ``[B, Cin, T]`` and a
-    weight packed by :func:`~streamdec.codecs.precision.pack_split_weight_f16`: ``w_hi``/``w_lo``
-    ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``. Result ``[B, Cout, T - (k-1)*dilation]``.
+    """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` for a float32 ``x``
+    ``[B, Cin, T]`` and a weight packed by :func:`~streamdec.codecs.precision.pack_split_weight_f16`:
+    ``w_hi``/``w_lo`` ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``. Result
+    ``[B, Cout, pad_left + T + pad_right - (k-1)*dilation]``.
 
     On CUDA the op splits ``x`` itself (:func:`~streamdec.codecs.precision.split_input_f16`, two Triton
-    kernels) and runs the float16 kernel; on the CPU, float32 ``F.conv1d`` of ``x`` and the reassembled
-    weight (exact in float32)."""
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation)
+    kernels that also write the zero padding, so no padded float32 copy is made) and runs the float16
+    kernel; on the CPU, float32 ``F.conv1d`` of the padded ``x`` and the reassembled weight (exact in
+    float32)."""
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
-    return F.conv1d(x, weight[:, : x.shape[1]], bias, dilation=dilation)
+    return F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
 
 
 @conv1d_split_f16.register_fake
-def _(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+def _(
+    x: Tensor,
+    w_hi: Tensor,
+    w_lo: Tensor,
+    w_inv: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    pad_left: int = 0,
+    pad_right: int = 0,
+) -> Tensor:
     ksize, cout, _ = w_hi.shape
-    return x.new_empty(x.shape[0], cout, x.shape[2] - (ksize - 1) * dilation)
+    return x.new_empty(x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation)
 
 
 @conv1d_split_f16.register_kernel("cuda")
-def _(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation)
+def _(
+    x: Tensor,
+    w_hi: Tensor,
+    w_lo: Tensor,
+    w_inv: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    pad_left: int = 0,
+    pad_right: int = 0,
+) -> Tensor:
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        x_hi, x_lo, x_inv = tc.split_f16(x)
+        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right)
         return tc.conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
 
 
 def split_conv1d_f16(
-    x: Tensor, packed: Tensor, inverse: Tensor, bias: Tensor | None, dilation: int
+    x: Tensor,
+    packed: Tensor,
+    inverse: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    pads: tuple[int, int] = (0, 0),
 ) -> Tensor:
-    """``conv1d(x, w, bias, dilation=dilation)`` through the float16 op, ``(packed, inverse)`` =
-    ``pack_split_weight_f16(w)``. Unlike :func:`split_conv1d`, the input's split happens inside the op:
-    it needs each row's peak, a reduction that ``torch.compile`` would otherwise generate and compile
-    for every layer."""
+    """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` through the float16 op, ``(packed, inverse)``
+    = ``pack_split_weight_f16(w)``. Unlike :func:`split_conv1d`, the input's split (and its padding)
+    happens inside the op: it needs each row's peak, a reduction that ``torch.compile`` would otherwise
+    generate and compile for every layer, and a padded copy would be one more pass over the input."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
-    out: Tensor = torch.ops.streamdec.conv1d_split_f16(x, packed[0], packed[1], inverse, bias, dilation)
+    out: Tensor = torch.ops.streamdec.conv1d_split_f16(
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1]
+    )
     return out
