@@ -1,8 +1,9 @@
 """The GPU engine on a real GPU: graph tiers vs eager, cross-stream batching, retirement, memory.
 
-Runs only where CUDA is available (the ``cuda`` marker; CPU CI skips it). Every test runs at two codec
-precisions: ``fp32`` (CUDA cores) and ``tf32x3`` (split operands on TF32 tensor cores); the eager
-references run under the codec's own numerics, as the engine does. Plain TF32 is not a precision these
+Runs only where CUDA is available (the ``cuda`` marker; CPU CI skips it). Every test runs at three codec
+precisions: ``fp32`` (CUDA cores), ``tf32x3`` (split operands on TF32 tensor cores) and ``fp16x3`` (split
+float16 operands, where the GPU has TMA; elsewhere the codec falls back as ``precision`` documents); the
+eager references run under the codec's own numerics, as the engine does. Plain TF32 is not a precision these
 tolerances can hold (see ``streamdec.codecs.precision``).
 """
 
@@ -26,7 +27,7 @@ from streamdec.streaming import StreamDecoder
 pytestmark = pytest.mark.cuda
 
 
-@pytest.fixture(scope="module", params=["fp32", "tf32x3"])
+@pytest.fixture(scope="module", params=["fp32", "tf32x3", "fp16x3"])
 def codec(request: pytest.FixtureRequest) -> Codec:
     codec = load_codec("tiny", device="cuda", dtype=torch.float32)
     codec.precision = request.param

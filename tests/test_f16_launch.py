@@ -57,18 +57,29 @@ def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, obj
     assert not p.split or p.chunks > 1
 
 
-def test_auk_first_stage_splits_at_batch_1_only() -> None:
-    """768 channels, 11 taps, 350 samples: batch 1 fills 72 of 132 SMs with small tiles, so its three
-    chunks run as separate programs; batch 16 fills the GPU with large tiles in one program each."""
+def test_auk_first_stage_runs_its_chunks_as_programs_when_that_fills_the_waves() -> None:
+    """768 channels, 11 taps (3 chunks), 350 samples. Batch 1 fills 72 of 132 SMs with small tiles, so
+    its chunks run as separate programs. Batch 16 fills the GPU with large tiles, but 288 of them are 2.2
+    waves; as 864 chunk programs they are 6.5 (measured: 0.44 against 0.52 ms a layer on an H200)."""
     one = plan(batch=1, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
-    assert (one.block_m, one.block_n, one.block_k) == (64, 64, 64) and (one.chunk_steps, one.chunks) == (
-        44,
-        3,
-    )
+    assert (one.block_m, one.block_n, one.block_k) == (64, 64, 64)
+    assert (one.chunk_steps, one.chunks) == (44, 3)
     assert one.split and one.grid == (6, 12, 3)
     sixteen = plan(batch=16, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
-    assert (sixteen.block_m, sixteen.block_n, sixteen.warps) == (128, 128, 8) and not sixteen.split
-    assert sixteen.grid == (3, 6, 16)
+    assert (sixteen.block_m, sixteen.block_n, sixteen.warps) == (128, 128, 8)
+    assert sixteen.split and sixteen.grid == (3, 6, 48)
+    second = plan(batch=16, padded_channels=384, cout=384, tout=1400, ksize=11, sms=132)
+    assert (second.block_m, second.block_n) == (128, 128) and not second.split  # 528 tiles: 4.0 waves
+
+
+@pytest.mark.parametrize(("channels", "stages"), [(192, 2), (96, 4), (48, 2), (24, 4)])
+def test_channel_counts_off_the_large_tile_take_pairs_of_small_ones(channels: int, stages: int) -> None:
+    """auk-24k's later stages at batch 16: 64-channel tiles (no idle third of a 128 tile at 192), with as
+    many stages as let two programs share a multiprocessor (steps of 64 channels, or 32 below 64)."""
+    padded = channels + (-channels % 32)
+    p = plan(batch=16, padded_channels=padded, cout=channels, tout=4200, ksize=7, sms=132)
+    assert (p.block_m, p.block_n, p.warps, p.stages) == (64, 128, 4, stages)
+    assert 2 * p.stages * (p.block_m + p.block_n) * p.block_k * 4 <= 2 * f16_launch.SHARED_PER_PAIR
 
 
 def test_the_limit_is_read_when_planning(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,7 +94,12 @@ def test_every_launch_gives_the_same_bits(channels: int, ksize: int, dilation: i
         reference = tc.conv1d_f16x3(hi, lo, x_inv, *args)
         alone = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args)
         assert torch.equal(alone[0], reference[3])
-        for tiles in (f16_launch.LARGE, f16_launch.SMALL, f16_launch.Tiles(128, 64, 8, 2)):
+        others = (
+            f16_launch.Tiles(128, 64, 8, 2),
+            f16_launch.Tiles(64, 128, 4, 2),
+            f16_launch.Tiles(64, 128, 4, 4),
+        )
+        for tiles in (f16_launch.LARGE, f16_launch.SMALL, *others):
             for split in (False, True):
                 out = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args, tiles=tiles, split=split)
                 assert torch.equal(out[0], reference[3]), (tiles, split)

@@ -4,16 +4,30 @@
 (:mod:`streamdec.kernels._triton_conv_f16` runs it). Two of those choices are the layer's alone and fix
 the arithmetic, so a row's output never depends on its batch or on the launch: the channels per step
 (:func:`block_k`) and the chunking of the reduction (:func:`chunking`). The others only decide which
-program computes what: the tile (:func:`default_tiles`) and whether the chunks run as separate programs.
+program computes what: the tile (:func:`default_tiles`) and whether the chunks run as separate programs
+(:func:`plan`).
+
+The rules come from per-layer sweeps of auk-24k on an H200 (``bench/results/2026-11-30-h200-s4-conv-kernels-1x70.json``
+at batch 1, ``...-s5-run1-conv-16x70.json`` at batch 16), each close to the best launch measured per layer:
+- a grid that large tiles would not fill once (batch 1): small tiles, chunks as separate programs;
+- otherwise 128 x 128 tiles where they divide the output channels (one program per multiprocessor: the
+  tile is worth the shared memory), else 64-channel tiles with as many pipeline stages as let two
+  programs share a multiprocessor (a 192-channel layer would leave a third of a 128 tile idle);
+- chunks as separate programs wherever that fills the last wave of programs noticeably better (the
+  768-channel layers at batch 16: 288 tiles are 2.2 waves on 132 multiprocessors, 864 chunks 6.5).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["CHUNK_STEPS", "LARGE", "SMALL", "Launch", "Tiles", "block_k", "chunking", "default_tiles", "plan"]
+__all__ = [
+    "CHUNK_STEPS", "LARGE", "SMALL", "Launch", "Tiles", "block_k", "chunking", "default_tiles", "plan",
+]  # fmt: skip
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
+SHARED_PER_PAIR = 112 * 1024  # shared memory one of two programs on a Hopper multiprocessor may take
+SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fraction more
 
 
 class Tiles(NamedTuple):
@@ -25,11 +39,8 @@ class Tiles(NamedTuple):
     stages: int
 
 
-# From a per-layer sweep over auk-24k at 1 x 70 on an H200 (bench/results/2026-11-30-h200-s4-conv-kernels-1x70.json):
-# small tiles (two programs per multiprocessor fit in shared memory) wherever large ones would not fill
-# the GPU once; the chunks then go to separate programs too.
-LARGE = Tiles(128, 128, 8, 3)
-SMALL = Tiles(64, 64, 4, 3)
+LARGE = Tiles(128, 128, 8, 3)  # 192 KiB of shared memory: one program per multiprocessor
+SMALL = Tiles(64, 64, 4, 3)  # 96 KiB: two
 
 
 class Launch(NamedTuple):
@@ -68,10 +79,25 @@ def chunking(steps: int) -> tuple[int, int]:
     return per, _cdiv(steps, per)
 
 
-def default_tiles(batch: int, cout: int, tout: int, sms: int) -> Tiles:
-    """The tile for a ``batch`` x ``cout`` x ``tout`` output on a GPU with ``sms`` multiprocessors."""
-    programs = batch * _cdiv(cout, LARGE.block_m) * _cdiv(tout, LARGE.block_n)
-    return LARGE if programs >= sms else SMALL
+def _stage_bytes(block_m: int, block_n: int, bk: int) -> int:
+    """Shared memory of one pipeline stage: float16 heads and tails of a weight and an input box."""
+    return (block_m + block_n) * bk * 2 * 2
+
+
+def default_tiles(batch: int, cout: int, tout: int, sms: int, bk: int = 64) -> Tiles:
+    """The tile for a ``batch`` x ``cout`` x ``tout`` output, ``bk`` channels a step, on a GPU with ``sms``
+    multiprocessors (the rules are in the module docstring)."""
+    if batch * _cdiv(cout, LARGE.block_m) * _cdiv(tout, LARGE.block_n) < sms:
+        return SMALL
+    if cout % LARGE.block_m == 0:
+        return LARGE
+    stages = max(2, min(4, SHARED_PER_PAIR // _stage_bytes(64, 128, bk)))
+    return Tiles(64, 128, 4, stages)
+
+
+def _wave_fill(programs: int, slots: int) -> float:
+    """The fraction of ``slots``-wide waves that ``programs`` programs keep busy."""
+    return programs / (_cdiv(programs, slots) * slots)
 
 
 def plan(
@@ -89,12 +115,16 @@ def plan(
     the chunks run as separate programs by default when one program per tile would not fill the GPU."""
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
-    t = tiles or default_tiles(batch, cout, tout, sms)
+    t = tiles or default_tiles(batch, cout, tout, sms, bk)
     block_m, block_n = _block(cout, 64, t.block_m), _block(tout, 32, t.block_n)
     warps = min(t.warps if t.block_m > 64 else 4, 4 * (block_m // 64))  # one warpgroup per 64 rows
     tiles_n, tiles_m = _cdiv(tout, block_n), _cdiv(cout, block_m)
     if split is None:
-        split = tiles_n * tiles_m * batch < sms
+        programs = tiles_n * tiles_m * batch
+        slots = sms * max(1, SHARED_PER_PAIR * 2 // (_stage_bytes(block_m, block_n, bk) * t.stages))
+        split = (
+            programs < sms or _wave_fill(programs * chunks, slots) > _wave_fill(programs, slots) + SPLIT_GAIN
+        )
     split = split and chunks > 1
     grid = (tiles_n, tiles_m, batch * (chunks if split else 1))
     return Launch(block_m, block_n, bk, warps, t.stages, per, chunks, split, grid)
