@@ -112,6 +112,17 @@ def test_op_reference_path_is_the_convolution(p: dict[str, int], pad: tuple[int,
     assert relative_error(out, F.pad(x, pad), w, bias, p["dilation"]) <= 2e-6
 
 
+@settings(max_examples=20, deadline=None)
+@given(conv_shapes, pads)
+def test_op_adds_a_residual_as_a_separate_add_would(p: dict[str, int], pad: tuple[int, int]) -> None:
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    alone = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad)
+    residual = torch.randn(alone.shape, generator=torch.Generator().manual_seed(p["seed"]))
+    fused = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, residual)
+    assert torch.equal(fused, residual + alone)
+
+
 def test_fake_implementation_gives_the_shape() -> None:
     with FakeTensorMode():
         x = torch.empty(2, 20, 100)
@@ -135,6 +146,10 @@ def test_bad_inputs_are_typed_errors() -> None:
         split_conv1d_f16(x[..., :2], packed, inverse, None, 1)
     with pytest.raises(ShapeError, match="padded by"):
         split_conv1d_f16(x, packed, inverse, None, 1, (-1, 0))
+    with pytest.raises(ShapeError, match="residual"):
+        split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 11))
+    with pytest.raises(DTypeError, match="residual"):
+        split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 10, dtype=torch.float64))
     assert split_conv1d_f16(x[..., :1], packed, inverse, None, 1, (1, 1)).shape == (1, 6, 1)
     with pytest.raises(ShapeError, match="one shape"):
         conv1d_split_f16(x, packed[0], packed[1][:, 1:], inverse, None, 1)
@@ -197,6 +212,21 @@ def test_triton_kernel_under_the_interpreter(p: dict[str, int], split: bool) -> 
 
 
 @needs_interpreter
+@settings(max_examples=10, deadline=None)
+@given(conv_shapes, st.booleans())
+def test_triton_epilogue_adds_the_residual_bit_for_bit(p: dict[str, int], split: bool) -> None:
+    """Residual in the epilogue (one program or the chunk-sum kernel) == the kernel's output + residual."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*split_input_f16(x), packed[0], packed[1], inverse, bias, p["dilation"])
+    alone = tc.conv1d_f16x3(*args, split=split)
+    residual = torch.randn(alone.shape, generator=torch.Generator().manual_seed(p["seed"]))
+    assert torch.equal(tc.conv1d_f16x3(*args, split=split, residual=residual), residual + alone)
+
+
+@needs_interpreter
 def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """One chunk per program plus the chunk-sum kernel equals all chunks in one program, bit for bit."""
     from streamdec.kernels import _triton_conv_f16 as tc
@@ -244,8 +274,10 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     def interpreted(
         x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
         bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        return tc.conv1d_f16x3(*tc.split_f16(x, pad_left, pad_right), w_hi, w_lo, w_inv, bias, dilation)
+        parts = tc.split_f16(x, pad_left, pad_right)
+        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual)
 
     monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", interpreted)
     codec.precision = "fp16x3"

@@ -119,6 +119,22 @@ def test_split_kernels_match_the_reference_split() -> None:
             assert torch.equal(ours, reference), pads
 
 
+@pytest.mark.parametrize("tiles", [f16_launch.LARGE, f16_launch.SMALL, f16_launch.Tiles(64, 128, 4, 2)])
+@pytest.mark.parametrize("split", [False, True])
+def test_residual_in_the_epilogue_is_a_separate_add(tiles: f16_launch.Tiles, split: bool) -> None:
+    """The residual added in the kernel's epilogue (or the chunk-sum kernel's) rounds as ``r + conv``."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w = _case(4, 768, 11, 1, 350)
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*tc.split_f16(x), packed[0], packed[1], inverse, None, 1)
+    with torch.inference_mode():
+        alone = tc.conv1d_f16x3(*args, tiles=tiles, split=split)
+        residual = torch.randn_like(alone)
+        fused = tc.conv1d_f16x3(*args, tiles=tiles, split=split, residual=residual)
+    assert torch.equal(fused, residual + alone)
+
+
 def test_padding_inside_the_op_is_padding_before_it() -> None:
     """The op's own zero padding gives the bits of the same op on a padded copy (one layer, batch 3)."""
     x, w = _case(3, 192, 7, 3, 400)

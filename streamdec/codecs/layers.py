@@ -165,17 +165,25 @@ class SplitConv(nn.Module):
         return (self.packed_split is not None or self.packed_f16 is not None) and _takes_split(x)
 
     def triton_conv(
-        self, x: Tensor, bias: Tensor | None, dilation: int, pads: tuple[int, int] = (0, 0)
+        self,
+        x: Tensor,
+        bias: Tensor | None,
+        dilation: int,
+        pads: tuple[int, int] = (0, 0),
+        residual: Tensor | None = None,
     ) -> Tensor:
-        """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form, on whichever
-        kernel holds it (the float16 op pads as it splits, without a padded copy)."""
+        """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form (then
+        ``residual +`` it), on whichever kernel holds it. The float16 op pads as it splits and adds the
+        residual in its epilogue: no padded copy, no separate add."""
         if self.packed_f16 is not None:
             assert _split_conv1d_f16 is not None and self.f16_inverse is not None  # set only where it loaded
-            out: Tensor = _split_conv1d_f16(x, self.packed_f16, self.f16_inverse, bias, dilation, pads)
+            out: Tensor = _split_conv1d_f16(
+                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual
+            )
             return out
         assert _split_conv1d is not None and self.packed_split is not None  # likewise
         out = _split_conv1d(F.pad(x, pads), self.packed_split, bias, dilation)
-        return out
+        return out if residual is None else residual + out
 
     def triton_weight(self) -> Tensor | None:
         """This layer as an ordinary ``[Cout, Cin, k]`` convolution the Triton kernel runs, if it can be one."""
@@ -233,6 +241,15 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)
+
+    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        """``residual + self(x)``, rounded alike on every path; on a Triton split kernel the add runs in
+        the kernel's epilogue (one pass over the output less)."""
+        if self.on_triton(x):
+            pads = (self.pad_left, self.pad_right)
+            return self.triton_conv(x, self.bias, self.dilation[0], pads, residual)
+        out: Tensor = residual + self(x)
+        return out
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_interval(

@@ -52,6 +52,7 @@ def _conv1d_f16x3_kernel(
     x_inv_ptr,  # [B] float32: 2**-kx
     w_inv_ptr,  # [COUT] float32: 2**-kw
     bias_ptr,  # [COUT] (read only when HAS_BIAS)
+    res_ptr,  # [B, COUT, TOUT] added to y (read only when HAS_RES)
     out_ptr,  # SPLIT: [NCHUNK, B, COUT, TOUT] chunk sums; else y [B, COUT, TOUT]
     B,
     CP,
@@ -62,6 +63,7 @@ def _conv1d_f16x3_kernel(
     CHUNK,  # steps per chunk
     NCHUNK,
     KSIZE,
+    HAS_RES: tl.constexpr,  # a constexpr: as a runtime branch the epilogue would run out of registers
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -104,18 +106,24 @@ def _conv1d_f16x3_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
+    # 32-bit offsets from the tile's corner (a 64-bit scalar): 64-bit ones per element would keep twice the
+    # registers live through the epilogue, and with a residual to read, spill.
+    local = tl.arange(0, BLOCK_M)[:, None] * TOUT + tl.arange(0, BLOCK_N)[None, :]
     if SPLIT:
-        row = (first.to(tl.int64) * B + batch) * COUT
-        tl.store(out_ptr + (row + offs_m[:, None]) * TOUT + offs_n[None, :], total, mask=mask)
+        corner = ((first.to(tl.int64) * B + batch) * COUT + m0) * TOUT + n0
+        tl.store(out_ptr + corner + local, total, mask=mask)
     else:
         y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
-        row = batch.to(tl.int64) * COUT
-        tl.store(out_ptr + (row + offs_m[:, None]) * TOUT + offs_n[None, :], y, mask=mask)
+        corner = (batch.to(tl.int64) * COUT + m0) * TOUT + n0
+        if HAS_RES:
+            y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
+        tl.store(out_ptr + corner + local, y, mask=mask)
 
 
 @triton.jit
 def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS: tl.constexpr):
-    """The scales back out (exact: powers of two), then the bias."""
+    """The scales back out (exact: powers of two), then the bias. A residual, if any, is added after,
+    rounded as ``residual + conv(x)`` would be: a separate float32 add."""
     m_ok = offs_m < COUT
     y = total * tl.load(w_inv_ptr + offs_m, mask=m_ok, other=1.0)[:, None] * tl.load(x_inv_ptr + batch)
     if HAS_BIAS:
@@ -129,11 +137,13 @@ def _chunk_sum_kernel(
     x_inv_ptr,
     w_inv_ptr,
     bias_ptr,
+    res_ptr,
     y_ptr,  # [B, COUT, TOUT]
     PLANE,  # B * COUT * TOUT: one chunk's sums
     COUT,
     TOUT,
     NCHUNK,
+    HAS_RES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -152,6 +162,8 @@ def _chunk_sum_kernel(
         total += tl.load(parts, mask=mask, other=0.0)
         parts += PLANE  # 64-bit pointer steps: no index overflow
     y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
+    if HAS_RES:
+        y += tl.load(res_ptr + offs, mask=mask, other=0.0)
     tl.store(y_ptr + offs, y, mask=mask)
 
 
@@ -255,9 +267,10 @@ def conv1d_f16x3(
     dilation: int,
     tiles: Tiles | None = None,
     split: bool | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
-    -> ``y`` [B, COUT, TIN - (KSIZE-1)*dilation] float32.
+    -> ``y`` [B, COUT, TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if given.
 
     ``tiles`` and ``split`` override the launch (``scripts/bench_conv_kernels.py`` times candidates); by
     default :func:`streamdec.kernels.f16_launch.plan` decides. Neither changes a single bit of the result.
@@ -276,6 +289,7 @@ def conv1d_f16x3(
     x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo)]
     w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo)]
     bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
+    res_arg = residual.contiguous() if residual is not None else y  # never read without HAS_RES
     out = (
         torch.empty(launch.chunks, batch, cout, tout, device=y.device, dtype=torch.float32)
         if launch.split
@@ -287,6 +301,7 @@ def conv1d_f16x3(
         x_inv,
         w_inv,
         bias_arg,
+        res_arg,
         out,
         batch,
         cp,
@@ -297,6 +312,7 @@ def conv1d_f16x3(
         launch.chunk_steps,
         launch.chunks,
         ksize,
+        HAS_RES=residual is not None,
         HAS_BIAS=bias is not None,
         SPLIT=launch.split,
         BLOCK_M=launch.block_m,
@@ -307,7 +323,7 @@ def conv1d_f16x3(
     )
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
-            out, x_inv, w_inv, bias_arg, y, batch * cout * tout, cout, tout, launch.chunks,
-            HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
+            out, x_inv, w_inv, bias_arg, res_arg, y, batch * cout * tout, cout, tout, launch.chunks,
+            HAS_RES=residual is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y

@@ -135,6 +135,7 @@ def _check_f16(
     dilation: int,
     pad_left: int,
     pad_right: int,
+    residual: Tensor | None = None,
 ) -> None:
     if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
@@ -158,9 +159,14 @@ def _check_f16(
             f"kernel at dilation {dilation}, bias {None if bias is None else tuple(bias.shape)} for {cout} "
             "outputs"
         )
+    out_shape = (x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation)
+    if residual is not None and tuple(residual.shape) != out_shape:
+        raise ShapeError(
+            f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
+        )
     for name, t, dtype in (
         ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
-        ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32),
+        ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32), ("residual", residual, torch.float32),
     ):  # fmt: skip
         if t is not None and t.dtype != dtype:
             raise DTypeError(f"conv1d_split_f16 needs {dtype} {name}, got {t.dtype}")
@@ -176,8 +182,10 @@ def conv1d_split_f16(
     dilation: int,
     pad_left: int = 0,
     pad_right: int = 0,
+    residual: Tensor | None = None,
 ) -> Tensor:
-    """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` for a float32 ``x``
+    """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
+    given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
     ``[B, Cin, T]`` and a weight packed by :func:`~streamdec.codecs.precision.pack_split_weight_f16`:
     ``w_hi``/``w_lo`` ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``. Result
     ``[B, Cout, pad_left + T + pad_right - (k-1)*dilation]``.
@@ -186,9 +194,10 @@ def conv1d_split_f16(
     kernels that also write the zero padding, so no padded float32 copy is made) and runs the float16
     kernel; on the CPU, float32 ``F.conv1d`` of the padded ``x`` and the reassembled weight (exact in
     float32)."""
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right)
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
-    return F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
+    out = F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
+    return out if residual is None else residual + out
 
 
 @conv1d_split_f16.register_fake
@@ -201,6 +210,7 @@ def _(
     dilation: int,
     pad_left: int = 0,
     pad_right: int = 0,
+    residual: Tensor | None = None,
 ) -> Tensor:
     ksize, cout, _ = w_hi.shape
     return x.new_empty(x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation)
@@ -216,13 +226,14 @@ def _(
     dilation: int,
     pad_left: int = 0,
     pad_right: int = 0,
+    residual: Tensor | None = None,
 ) -> Tensor:
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right)
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(x.device):
         x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right)
-        return tc.conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation)
+        return tc.conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual)
 
 
 def split_conv1d_f16(
@@ -232,14 +243,15 @@ def split_conv1d_f16(
     bias: Tensor | None,
     dilation: int,
     pads: tuple[int, int] = (0, 0),
+    residual: Tensor | None = None,
 ) -> Tensor:
-    """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` through the float16 op, ``(packed, inverse)``
-    = ``pack_split_weight_f16(w)``. Unlike :func:`split_conv1d`, the input's split (and its padding)
+    """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``. Unlike :func:`split_conv1d`, the input's split (and its padding)
     happens inside the op: it needs each row's peak, a reduction that ``torch.compile`` would otherwise
     generate and compile for every layer, and a padded copy would be one more pass over the input."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1]
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual
     )
     return out
