@@ -63,6 +63,17 @@ def test_custom_op_on_cpu_equals_layer() -> None:
     assert (out - act(x)).abs().max().item() <= 1e-5
 
 
+def test_peak_op_gives_the_activation_and_its_row_peaks() -> None:
+    """The variant for a float16 split conv: same output, plus each batch row's max |y| as float32 bits."""
+    act = _activation(5, 4)
+    x = torch.randn(3, 5, 41) * torch.tensor([1e-3, 1.0, 1e3])[:, None, None]
+    out, peak = torch.ops.streamdec.alias_free_activation_peak(x, *_op_args(act))
+    assert torch.equal(out, torch.ops.streamdec.alias_free_activation(x, *_op_args(act)))
+    assert peak.dtype == torch.int32 and torch.equal(peak.view(torch.float32), out.abs().amax(dim=(1, 2)))
+    # opcheck: schema, fake implementation (what torch.compile traces) and registrations agree
+    torch.library.opcheck(torch.ops.streamdec.alias_free_activation_peak.default, (x, *_op_args(act)))
+
+
 def test_custom_op_opcheck_cpu() -> None:
     """Schema, fake (meta) implementation and dispatcher registrations agree (torch.library.opcheck)."""
     act = _activation(4, 5)

@@ -146,6 +146,10 @@ def test_bad_inputs_are_typed_errors() -> None:
         split_conv1d_f16(x[..., :2], packed, inverse, None, 1)
     with pytest.raises(ShapeError, match="padded by"):
         split_conv1d_f16(x, packed, inverse, None, 1, (-1, 0))
+    with pytest.raises(ShapeError, match="peaks"):
+        split_conv1d_f16(x, packed, inverse, None, 1, peak=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(DTypeError, match="peak"):
+        split_conv1d_f16(x, packed, inverse, None, 1, peak=torch.zeros(1))
     with pytest.raises(ShapeError, match="residual"):
         split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 11))
     with pytest.raises(DTypeError, match="residual"):
@@ -185,6 +189,30 @@ def test_fp16x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> 
     torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
     codec.precision = "fp32"
     assert all(m.packed_f16 is None and m.f16_inverse is None for m in convs)
+
+
+def test_fused_activations_hand_their_peaks_to_the_convs_after_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In fp16x3 with the fused activation on, every conv of an AMP unit takes its input's row peaks from
+    the activation before it (so its split skips that pass) and the second adds the residual; same audio."""
+    codec = load_codec("tiny")
+    z = torch.randn(2, 24, codec.latent_dim, generator=torch.Generator().manual_seed(4))
+    plain = codec.decode(z)
+    _route_cpu_through_the_f16_kernel(monkeypatch)
+    monkeypatch.setattr(layers_module, "_fused_supported", lambda t: t.dtype == torch.float32)
+    codec.precision = "fp16x3"
+    seen: list[tuple[bool, bool]] = []
+    real = torch.ops.streamdec.conv1d_split_f16
+
+    def recorded(*args: object) -> torch.Tensor:
+        seen.append((args[-2] is not None, args[-1] is not None))  # (residual, peak)
+        out: torch.Tensor = real(*args)
+        return out
+
+    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", recorded)
+    routed = codec.decode(z)
+    units = sum(len(m.convs1) for m in codec.modules() if type(m).__name__ == "AMPBlock")
+    assert units > 0 and seen.count((False, True)) == units and seen.count((True, True)) == units
+    torch.testing.assert_close(routed, plain, atol=1e-5, rtol=0)
 
 
 def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
@@ -262,6 +290,26 @@ def test_triton_split_is_the_reference_split_bit_for_bit(p: dict[str, object], p
 
 
 @needs_interpreter
+def test_split_takes_handed_over_peaks_and_the_activation_kernel_gives_them() -> None:
+    """The fused activation's peaks (taken by its kernel as it writes) are the split's own, and the split
+    from them has the same bits."""
+    from streamdec.kernels import _triton_alias_free as ka
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 7, 300, generator=gen) * torch.tensor([1e-4, 1.0, 1e4])[:, None, None]
+    filt = torch.randn(12, generator=gen) / 12
+    a, b = torch.rand(7, generator=gen) + 0.5, torch.rand(7, generator=gen) + 0.5
+    out = torch.empty(21, 300)
+    peak = torch.zeros(3, dtype=torch.int32)
+    ka.launch_blocked(x.reshape(21, 300), filt, a, b, out, peak)
+    y = out.view(3, 7, 300)
+    assert torch.equal(peak.view(torch.float32), y.abs().amax(dim=(1, 2)))
+    for ours, own in zip(tc.split_f16(y, 6, 0, peak), tc.split_f16(y, 6, 0), strict=True):
+        assert torch.equal(ours, own)
+
+
+@needs_interpreter
 def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny codec in fp16x3 with every conv (transposed ones as phases) on the interpreted kernels."""
     from streamdec.kernels import _triton_conv_f16 as tc
@@ -274,9 +322,9 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     def interpreted(
         x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
         bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
-        residual: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None, peak: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        parts = tc.split_f16(x, pad_left, pad_right)
+        parts = tc.split_f16(x, pad_left, pad_right, peak)
         return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual)
 
     monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", interpreted)

@@ -77,6 +77,22 @@ def test_kernel_equals_reference_poisoned_output(variant: str) -> None:
 
 @pytest.mark.filterwarnings("ignore")  # opcheck's own internals may warn on some torch versions
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_peak_variant_gives_the_same_output_and_its_row_peaks(
+    monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    """The op a float16 split conv follows: the activation's bits, plus each batch row's max |y| bits."""
+    monkeypatch.setattr(af, "VARIANT", variant)
+    act = _activation(96, 7)
+    x = torch.randn(16, 96, 4203, device="cuda") * torch.logspace(-3, 3, 16, device="cuda")[:, None, None]
+    args = (act.filter, act.act.alpha_exp, act.act.beta_inv)
+    with torch.inference_mode():
+        alone = torch.ops.streamdec.alias_free_activation(x, *args)
+        out, peak = torch.ops.streamdec.alias_free_activation_peak(x, *args)
+    assert torch.equal(out, alone)
+    assert torch.equal(peak.view(torch.float32), alone.abs().amax(dim=(1, 2)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_op_and_layer_use_the_kernel(monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
     monkeypatch.setattr(af, "VARIANT", variant)
     act = _activation(48, 1)

@@ -86,11 +86,10 @@ class AMPBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
         for i in range(len(self.convs1)):
-            *branch, last = self._unit(i)
-            xt = x
-            for layer in branch:
-                xt = cast(Tensor, layer(xt))
-            x = cast(PaddedConv1d, last).add_to(x, xt)  # x + last(xt), the add fused where a kernel can
+            act1, conv1, act2, conv2 = self._unit(i)
+            # x + conv2(act2(conv1(act1(x)))); PaddedConv1d.after fuses what the kernels allow.
+            xt = cast(PaddedConv1d, conv1).after(act1, x)
+            x = cast(PaddedConv1d, conv2).after(act2, xt, residual=x)
         return x
 
     def input_interval(self, lo: int, hi: int) -> Interval:

@@ -171,14 +171,16 @@ class SplitConv(nn.Module):
         dilation: int,
         pads: tuple[int, int] = (0, 0),
         residual: Tensor | None = None,
+        peak: Tensor | None = None,
     ) -> Tensor:
         """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form (then
-        ``residual +`` it), on whichever kernel holds it. The float16 op pads as it splits and adds the
-        residual in its epilogue: no padded copy, no separate add."""
+        ``residual +`` it), on whichever kernel holds it. The float16 op pads as it splits, adds the
+        residual in its epilogue and takes ``x``'s row peaks from ``peak`` when given: no padded copy, no
+        separate add, no pass for the peaks."""
         if self.packed_f16 is not None:
             assert _split_conv1d_f16 is not None and self.f16_inverse is not None  # set only where it loaded
             out: Tensor = _split_conv1d_f16(
-                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual
+                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak
             )
             return out
         assert _split_conv1d is not None and self.packed_split is not None  # likewise
@@ -242,14 +244,20 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)
 
-    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
-        """``residual + self(x)``, rounded alike on every path; on a Triton split kernel the add runs in
-        the kernel's epilogue (one pass over the output less)."""
+    def after(self, act: nn.Module, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``self(act(x))``, plus ``residual`` if given, rounded alike on every path.
+
+        On the float16 split kernel the add runs in the kernel's epilogue (one pass over the output
+        less), and a fused :class:`AliasFreeActivation` hands over its output's row peaks, which the
+        conv's input split would otherwise take in a pass of its own."""
         if self.on_triton(x):
             pads = (self.pad_left, self.pad_right)
-            return self.triton_conv(x, self.bias, self.dilation[0], pads, residual)
-        out: Tensor = residual + self(x)
-        return out
+            if self.packed_f16 is not None and isinstance(act, AliasFreeActivation):
+                y, peak = act.with_peak(x)
+                return self.triton_conv(y, self.bias, self.dilation[0], pads, residual, peak)
+            return self.triton_conv(act(x), self.bias, self.dilation[0], pads, residual)
+        out: Tensor = self(act(x))
+        return out if residual is None else residual + out
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_interval(
@@ -443,6 +451,17 @@ class AliasFreeActivation(nn.Module):
             x, self.filter, self.act.alpha_exp, self.act.beta_inv
         )
         return out
+
+    def with_peak(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``(self(x), peak)``: ``peak`` is int32 ``[B]``, the float32 bits of each batch row's largest
+        output magnitude, where the causal fused op computes the output (it takes them as it writes);
+        None elsewhere."""
+        if self.causal and self.use_fused and _fused_supported is not None and _fused_supported(x):
+            out, peak = torch.ops.streamdec.alias_free_activation_peak(
+                x, self.filter, self.act.alpha_exp, self.act.beta_inv
+            )
+            return out, peak
+        return self(x), None
 
     def _centred_from_causal(self, x: Tensor) -> Tensor:  # [B, C, T >= 16] -> [B, C, T]
         """The centred activation through the causal fused op (same values up to float32 rounding).

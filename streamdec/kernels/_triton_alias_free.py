@@ -163,7 +163,10 @@ def _af_staged_kernel(
 # one contiguous [BLOCK, 8] tile. Generated text (one line per value): shifts between named registers are
 # free, where a vector shift is not.
 @triton.jit(do_not_specialize=["C"])
-def _af_blocked_kernel(x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, T, C, BLOCK: tl.constexpr, K: tl.constexpr):
+def _af_blocked_kernel(
+    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C,
+    BLOCK: tl.constexpr, K: tl.constexpr, WITH_PEAK: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0)
     t_first = tl.program_id(1) * (BLOCK * K)
     tb = t_first + tl.arange(0, BLOCK) * K  # first output of each lane
@@ -273,6 +276,9 @@ def _af_blocked_kernel(x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, T, C, BLOCK: tl.cons
     )
     t = tb[:, None] + tl.arange(0, K)[None, :]
     tl.store(out_ptr + row_off + t, y, mask=t < T)
+    if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row (see _row_amax_kernel)
+        bits = tl.where(t < T, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
+        tl.atomic_max(peak_ptr + row // C, tl.max(tl.max(bits, axis=1), axis=0))
 
 
 def _pow2_block(length: int, lo: int, hi: int) -> int:
@@ -336,15 +342,23 @@ BLOCKED_K = 8
 
 
 def launch_blocked(
-    x: torch.Tensor, filt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
+    x: torch.Tensor,
+    filt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    peak: torch.Tensor | None = None,
 ) -> None:
-    """Same contract as :func:`launch_staged`; one lane per 8 outputs, one warp per 32 lanes."""
+    """Same contract as :func:`launch_staged`; one lane per 8 outputs, one warp per 32 lanes. With
+    ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
+    ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
     rows, length = x.shape
     lanes = _pow2_block(triton.cdiv(length, BLOCKED_K), 32, 128)
     grid = (rows, triton.cdiv(length, lanes * BLOCKED_K))
     LAST_KERNEL["blocked"] = _af_blocked_kernel[grid](
-        x, out, filt, a, b, length, a.shape[0], BLOCK=lanes, K=BLOCKED_K, num_warps=lanes // 32
-    )
+        x, out, filt, a, b, out if peak is None else peak, length, a.shape[0],
+        BLOCK=lanes, K=BLOCKED_K, WITH_PEAK=peak is not None, num_warps=lanes // 32,
+    )  # fmt: skip
 
 
 LAUNCHERS = {"staged": launch_staged, "blocked": launch_blocked}

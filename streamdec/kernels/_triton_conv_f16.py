@@ -229,24 +229,25 @@ def _split_kernel(
 
 
 def split_f16(
-    x: torch.Tensor, pad_left: int = 0, pad_right: int = 0
+    x: torch.Tensor, pad_left: int = 0, pad_right: int = 0, peak: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
     :func:`streamdec.codecs.precision.split_input_f16` of ``F.pad(x, (pad_left, pad_right))``, in two
     kernels (a row-peak pass, then the split) rather than the handful of elementwise ones, nothing for
-    ``torch.compile`` to generate per layer, and no padded copy of ``x``."""
+    ``torch.compile`` to generate per layer, and no padded copy of ``x``. ``peak`` (int32 ``[B]``, the
+    float32 bits of each row's largest ``|x|``, as the fused activation hands them over) skips the first."""
     batch, channels, samples = x.shape
     x = x.contiguous()
     padded = channels + (-channels % F16_CHANNEL_QUANTUM)
     length = pad_left + samples + pad_right
-    amax = torch.zeros(batch, dtype=torch.int32, device=x.device)
+    amax = peak if peak is not None else torch.zeros(batch, dtype=torch.int32, device=x.device)
     hi = torch.empty(batch, length, padded, dtype=torch.float16, device=x.device)
     lo = torch.empty_like(hi)
     inverse = torch.empty(batch, dtype=torch.float32, device=x.device)
     if batch == 0 or length == 0:
         return hi, lo, inverse
     row = channels * samples
-    if row > 0:  # a row of padding only has peak 0, as the zeroed amax says
+    if row > 0 and peak is None:  # a row of padding only has peak 0, as the zeroed amax says
         _row_amax_kernel[(triton.cdiv(row, 4096), batch)](x, amax, row, BLOCK=4096, num_warps=8)
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](

@@ -33,6 +33,7 @@ __all__ = [
     "TAPS",
     "VARIANT",
     "alias_free_activation",
+    "alias_free_activation_peak",
     "fused_supported",
     "polyphase_reference",
 ]
@@ -94,6 +95,45 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
             flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out
         )
     return out.view(batch, channels, length)
+
+
+@torch.library.custom_op("streamdec::alias_free_activation_peak", mutates_args=())
+def alias_free_activation_peak(
+    x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`alias_free_activation` and, per batch row, the float32 bits (as int32 ``[B]``) of the
+    output's largest magnitude: the row peaks a float16 split convolution of the output starts from
+    (``torch.ops.streamdec.conv1d_split_f16``'s ``peak``), taken here by the kernel as it writes."""
+    out = alias_free_activation(x, filt, alpha_exp, beta_inv)
+    return out, _peak_bits(out)
+
+
+def _peak_bits(y: Tensor) -> Tensor:
+    return y.abs().amax(dim=(1, 2)).view(torch.int32)
+
+
+@alias_free_activation_peak.register_fake
+def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape[0], dtype=torch.int32)
+
+
+@alias_free_activation_peak.register_kernel("cuda")
+def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Tensor, Tensor]:
+    if VARIANT != "blocked":  # only the blocked kernel takes the peaks as it writes
+        out = alias_free_activation(x, filt, alpha_exp, beta_inv)
+        return out, _peak_bits(out)
+    _check(x, filt, alpha_exp, beta_inv)
+    from streamdec.kernels import _triton_alias_free as tk
+
+    batch, channels, length = x.shape
+    flat = x.contiguous().view(batch * channels, length)
+    out = torch.empty_like(flat)
+    peak = torch.zeros(batch, dtype=torch.int32, device=x.device)
+    with torch.cuda.device(x.device):
+        tk.launch_blocked(
+            flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out, peak
+        )
+    return out.view(batch, channels, length), peak
 
 
 def polyphase_reference(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:

@@ -136,6 +136,7 @@ def _check_f16(
     pad_left: int,
     pad_right: int,
     residual: Tensor | None = None,
+    peak: Tensor | None = None,
 ) -> None:
     if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
@@ -164,9 +165,12 @@ def _check_f16(
         raise ShapeError(
             f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
         )
+    if peak is not None and tuple(peak.shape) != (x.shape[0],):
+        raise ShapeError(f"conv1d_split_f16: peaks of {tuple(peak.shape)} for a batch of {x.shape[0]}")
     for name, t, dtype in (
         ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
         ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32), ("residual", residual, torch.float32),
+        ("peak", peak, torch.int32),
     ):  # fmt: skip
         if t is not None and t.dtype != dtype:
             raise DTypeError(f"conv1d_split_f16 needs {dtype} {name}, got {t.dtype}")
@@ -183,6 +187,7 @@ def conv1d_split_f16(
     pad_left: int = 0,
     pad_right: int = 0,
     residual: Tensor | None = None,
+    peak: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -193,8 +198,10 @@ def conv1d_split_f16(
     On CUDA the op splits ``x`` itself (:func:`~streamdec.codecs.precision.split_input_f16`, two Triton
     kernels that also write the zero padding, so no padded float32 copy is made) and runs the float16
     kernel; on the CPU, float32 ``F.conv1d`` of the padded ``x`` and the reassembled weight (exact in
-    float32)."""
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual)
+    float32). ``peak``, if given, must be the float32 bits (int32 ``[B]``) of each row's largest ``|x|``
+    (:func:`~streamdec.kernels.alias_free.alias_free_activation_peak` gives them): the split then skips its
+    own pass over ``x`` for them."""
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
     out = F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
     return out if residual is None else residual + out
@@ -211,6 +218,7 @@ def _(
     pad_left: int = 0,
     pad_right: int = 0,
     residual: Tensor | None = None,
+    peak: Tensor | None = None,
 ) -> Tensor:
     ksize, cout, _ = w_hi.shape
     return x.new_empty(x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation)
@@ -227,12 +235,13 @@ def _(
     pad_left: int = 0,
     pad_right: int = 0,
     residual: Tensor | None = None,
+    peak: Tensor | None = None,
 ) -> Tensor:
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual)
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right)
+        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak)
         return tc.conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual)
 
 
@@ -244,14 +253,15 @@ def split_conv1d_f16(
     dilation: int,
     pads: tuple[int, int] = (0, 0),
     residual: Tensor | None = None,
+    peak: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
-    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``. Unlike :func:`split_conv1d`, the input's split (and its padding)
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak`` as the op takes it. Unlike :func:`split_conv1d`, the input's split (and its padding)
     happens inside the op: it needs each row's peak, a reduction that ``torch.compile`` would otherwise
     generate and compile for every layer, and a padded copy would be one more pass over the input."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak
     )
     return out
