@@ -24,12 +24,13 @@ from streamdec.codecs import load_codec
 from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.graphs import static_forward
 
-# Kernel-name fragments by what the kernel does, for the per-decode summary (first match wins).
+# Kernel-name fragments by what the kernel does, for the per-decode summary (first match wins). Inductor's
+# kernels come first: their names list the ops they were fused next to ("..._conv1d_split_f16_...").
 KINDS = (
+    ("inductor (adds, pads, casts)", ("triton_poi_", "triton_red_", "triton_per_")),
     ("split conv", ("_conv1d_f16x3", "_chunk_sum", "_conv1d_split")),
     ("split pre-pass", ("_row_amax", "_split_kernel")),
     ("fused activation", ("_af_",)),
-    ("inductor (adds, pads, casts)", ("triton_",)),
     ("cudnn / cublas", ("cudnn", "sm90", "sm80", "cutlass", "gemm", "conv")),
 )
 

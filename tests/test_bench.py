@@ -192,3 +192,30 @@ def test_median_ms_times_each_call_between_events(monkeypatch: pytest.MonkeyPatc
     assert stats.median_ms(fn, 5, warm=2) == 3.0
     assert calls[:3] == ["call", "call", "device sync"]  # warm-up, then a synchronisation, then timing
     assert calls.count("call") == 7 and calls.count("sync") == 5
+
+
+def test_profile_summary_sorts_kernels_by_kind() -> None:
+    """scripts/profile_decode.py's per-decode summary: Inductor's kernels stay Inductor's even when their
+    names list the custom op they were fused next to."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "profile_decode.py"
+    spec = importlib.util.spec_from_file_location("profile_decode", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    events = [
+        SimpleNamespace(key=name, self_device_time_total=us)
+        for name, us in [
+            ("_conv1d_f16x3_kernel", 5000.0), ("_chunk_sum_kernel", 500.0),
+            ("triton_poi_fused_constant_pad_nd_conv1d_split_f16_select_64", 1000.0),
+            ("_af_blocked_kernel", 2000.0), ("_row_amax_kernel", 250.0), ("cudaLaunchKernel", 0.0),
+        ]
+    ]  # fmt: skip
+    lines = module.summarise(events, calls=5).splitlines()
+    per_kind = {line[:32].strip(): float(line[32:].split()[0]) for line in lines[1:]}
+    assert per_kind == {
+        "split conv": 1.1, "fused activation": 0.4, "inductor (adds, pads, casts)": 0.2,
+        "split pre-pass": 0.05, "total": 1.75,
+    }  # fmt: skip
