@@ -22,7 +22,8 @@ The reduction is cut into ``chunks`` of whole steps, fixed per layer: each chunk
 zero and the chunks are added in order. A small grid (batch 1) runs one chunk per program and a second
 kernel adds them (split-K); a large grid runs all chunks in one program. Both add the same numbers in
 the same order, so a row's output is bit-identical whatever batch it is computed in. The launch is
-planned in :mod:`streamdec.kernels.f16_launch`.
+planned in :mod:`streamdec.kernels.f16_launch`. The epilogue unscales and adds the bias, then a residual
+if given, as a float32 add of its own: the result equals ``residual + conv(x)`` computed apart.
 """
 
 from __future__ import annotations

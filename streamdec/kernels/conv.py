@@ -5,7 +5,9 @@ input whole and a weight split into float16 halves under per-output-channel powe
 ``"fp16x3"``: on CUDA it splits the input itself (:func:`streamdec.kernels._triton_conv_f16.split_f16`, one
 scale per batch row) and runs :mod:`streamdec.kernels._triton_conv_f16` (TMA, so compute capability 9.0:
 :func:`f16_conv_supported`); half the operand bytes and twice the product rate of the TF32 split, 122 dB on
-a whole AuK decode. The rest of this docstring is about the TF32 op.
+a whole AuK decode. It also takes what would otherwise be passes of their own over the layer's input or
+output: the zero padding (written by the split), a residual (added in the epilogue) and the input's row
+peaks (from the fused activation that produced it). The rest of this docstring is about the TF32 op.
 
 Contract of ``torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, w_hi, w_lo, bias, dilation)``: ``x_hi`` and
 ``x_lo`` are an already padded ``[B, Cin, Tin]`` float32 input's TF32 heads and tails
