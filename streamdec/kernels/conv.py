@@ -128,6 +128,13 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int) 
     return out
 
 
+def _f16_out_shape(
+    x: Tensor, w_hi: Tensor, dilation: int, pad_left: int, pad_right: int
+) -> tuple[int, int, int]:
+    ksize, cout, _ = w_hi.shape
+    return x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation
+
+
 def _check_f16(
     x: Tensor,
     w_hi: Tensor,
@@ -162,7 +169,7 @@ def _check_f16(
             f"kernel at dilation {dilation}, bias {None if bias is None else tuple(bias.shape)} for {cout} "
             "outputs"
         )
-    out_shape = (x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation)
+    out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right)
     if residual is not None and tuple(residual.shape) != out_shape:
         raise ShapeError(
             f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
@@ -222,8 +229,7 @@ def _(
     residual: Tensor | None = None,
     peak: Tensor | None = None,
 ) -> Tensor:
-    ksize, cout, _ = w_hi.shape
-    return x.new_empty(x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation)
+    return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right))
 
 
 @conv1d_split_f16.register_kernel("cuda")
@@ -258,9 +264,11 @@ def split_conv1d_f16(
     peak: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
-    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak`` as the op takes it. Unlike :func:`split_conv1d`, the input's split (and its padding)
-    happens inside the op: it needs each row's peak, a reduction that ``torch.compile`` would otherwise
-    generate and compile for every layer, and a padded copy would be one more pass over the input."""
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak`` as the op takes it.
+
+    Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
+    row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
+    and a padded copy would be one more pass over the input."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
