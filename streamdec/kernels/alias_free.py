@@ -84,16 +84,24 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
 
 @alias_free_activation.register_kernel("cuda")
 def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+    return _run_cuda(x, filt, alpha_exp, beta_inv, peak=None)
+
+
+def _run_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, *, peak: Tensor | None) -> Tensor:
+    """Launch the selected kernel over ``x`` flattened to rows; given ``peak`` (int32 ``[B]``, zeroed,
+    since the kernel only raises it) the blocked kernel also takes the batch rows' peak bits."""
     _check(x, filt, alpha_exp, beta_inv)
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
     batch, channels, length = x.shape
     flat = x.contiguous().view(batch * channels, length)
     out = torch.empty_like(flat)
+    args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
     with torch.cuda.device(x.device):  # Triton launches on the current device
-        tk.LAUNCHERS[VARIANT](
-            flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out
-        )
+        if peak is None:
+            tk.LAUNCHERS[VARIANT](*args)
+        else:
+            tk.launch_blocked(*args, peak)
     return out.view(batch, channels, length)
 
 
@@ -122,18 +130,8 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Ten
     if VARIANT != "blocked":  # only the blocked kernel takes the peaks as it writes
         out = alias_free_activation(x, filt, alpha_exp, beta_inv)
         return out, _peak_bits(out)
-    _check(x, filt, alpha_exp, beta_inv)
-    from streamdec.kernels import _triton_alias_free as tk
-
-    batch, channels, length = x.shape
-    flat = x.contiguous().view(batch * channels, length)
-    out = torch.empty_like(flat)
-    peak = torch.zeros(batch, dtype=torch.int32, device=x.device)
-    with torch.cuda.device(x.device):
-        tk.launch_blocked(
-            flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out, peak
-        )
-    return out.view(batch, channels, length), peak
+    peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    return _run_cuda(x, filt, alpha_exp, beta_inv, peak=peak), peak
 
 
 def polyphase_reference(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
