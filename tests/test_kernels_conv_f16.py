@@ -123,6 +123,35 @@ def test_op_adds_a_residual_as_a_separate_add_would(p: dict[str, int], pad: tupl
     assert torch.equal(fused, residual + alone)
 
 
+def _by_phase(plain: torch.Tensor, phases: int) -> torch.Tensor:
+    """The interleave written out by indexing: channel ``p * C + c`` of ``plain`` to ``[:, c, p::s]``."""
+    batch, channels, length = plain.shape
+    per_phase = channels // phases
+    out = torch.empty(batch, per_phase, length * phases, dtype=plain.dtype)
+    for p in range(phases):
+        out[:, :, p::phases] = plain[:, p * per_phase : (p + 1) * per_phase]
+    return out
+
+
+phase_counts = st.sampled_from([1, 2, 3, 5])
+
+
+@settings(max_examples=30, deadline=None)
+@given(conv_shapes, pads, phase_counts)
+def test_op_interleaves_phase_groups(p: dict[str, int], pad: tuple[int, int], phases: int) -> None:
+    """``phases`` = s: output channel ``p * (Cout/s) + c`` is sample ``t * s + p`` of channel ``c``, and a
+    residual of that shape is added after, as a separate add."""
+    p = {**p, "cout": max(1, p["cout"] // phases) * phases}
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    plain = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad)
+    phased = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, phases=phases)
+    assert torch.equal(phased, _by_phase(plain, phases))
+    residual = torch.randn(phased.shape, generator=torch.Generator().manual_seed(p["seed"]))
+    fused = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, residual, phases=phases)
+    assert torch.equal(fused, residual + phased)
+
+
 def test_fake_implementation_gives_the_shape() -> None:
     with FakeTensorMode():
         x = torch.empty(2, 20, 100)
@@ -131,8 +160,12 @@ def test_fake_implementation_gives_the_shape() -> None:
         padded = torch.ops.streamdec.conv1d_split_f16(
             x, packed[0], packed[1], torch.empty(16), None, 3, 12, 1
         )
+        phased = torch.ops.streamdec.conv1d_split_f16(
+            x, packed[0], packed[1], torch.empty(16), None, 3, 12, 1, phases=4
+        )
     assert out.shape == (2, 16, 100 - 4 * 3) and out.dtype == torch.float32
     assert padded.shape == (2, 16, 100 + 13 - 4 * 3)
+    assert phased.shape == (2, 4, (100 + 13 - 4 * 3) * 4)
 
 
 def test_bad_inputs_are_typed_errors() -> None:
@@ -163,6 +196,12 @@ def test_bad_inputs_are_typed_errors() -> None:
         split_conv1d_f16(x.double(), packed, inverse, None, 1)
     with pytest.raises(DTypeError, match="w_lo"):
         conv1d_split_f16(x, packed[0], packed[1].float(), inverse, None, 1)
+    with pytest.raises(ShapeError, match="phase groups"):
+        split_conv1d_f16(x, packed, inverse, None, 1, phases=4)  # 6 outputs
+    with pytest.raises(ShapeError, match="phase groups"):
+        split_conv1d_f16(x, packed, inverse, None, 1, phases=0)
+    with pytest.raises(ShapeError, match="residual"):  # the residual has the interleaved shape
+        split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 8), phases=2)
 
 
 def _route_cpu_through_the_f16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,7 +243,7 @@ def test_fused_activations_hand_their_peaks_to_the_convs_after_them(monkeypatch:
     real = torch.ops.streamdec.conv1d_split_f16
 
     def recorded(*args: object) -> torch.Tensor:
-        seen.append((args[-2] is not None, args[-1] is not None))  # (residual, peak)
+        seen.append((args[8] is not None, args[9] is not None))  # (residual, peak)
         out: torch.Tensor = real(*args)
         return out
 
@@ -252,6 +291,28 @@ def test_triton_epilogue_adds_the_residual_bit_for_bit(p: dict[str, int], split:
     alone = tc.conv1d_f16x3(*args, split=split)
     residual = torch.randn(alone.shape, generator=torch.Generator().manual_seed(p["seed"]))
     assert torch.equal(tc.conv1d_f16x3(*args, split=split, residual=residual), residual + alone)
+
+
+@needs_interpreter
+@settings(max_examples=10, deadline=None)
+@given(conv_shapes, phase_counts, st.booleans(), st.booleans())
+def test_triton_epilogue_interleaves_phases_bit_for_bit(
+    p: dict[str, int], phases: int, split: bool, with_residual: bool
+) -> None:
+    """The phases written interleaved (by the kernel's epilogue or the chunk-sum kernel) are the plain
+    output's channels, moved, not recomputed; a residual is added to the interleaved result."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    p = {**p, "cout": max(1, p["cout"] // phases) * phases}
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*split_input_f16(x), packed[0], packed[1], inverse, bias, p["dilation"])
+    expected = _by_phase(tc.conv1d_f16x3(*args, split=split), phases)
+    residual = torch.randn(expected.shape, generator=torch.Generator().manual_seed(p["seed"]))
+    if with_residual:
+        expected = residual + expected
+    out = tc.conv1d_f16x3(*args, split=split, residual=residual if with_residual else None, phases=phases)
+    assert torch.equal(out, expected)
 
 
 @needs_interpreter
@@ -322,10 +383,10 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     def interpreted(
         x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
         bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
-        residual: torch.Tensor | None = None, peak: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None, peak: torch.Tensor | None = None, phases: int = 1,
     ) -> torch.Tensor:  # fmt: skip
         parts = tc.split_f16(x, pad_left, pad_right, peak)
-        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual)
+        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases)
 
     monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", interpreted)
     codec.precision = "fp16x3"

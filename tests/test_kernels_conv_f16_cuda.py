@@ -135,6 +135,25 @@ def test_residual_in_the_epilogue_is_a_separate_add(tiles: f16_launch.Tiles, spl
     assert torch.equal(fused, residual + alone)
 
 
+@pytest.mark.parametrize("tiles", [f16_launch.LARGE, f16_launch.SMALL, f16_launch.Tiles(64, 128, 4, 2)])
+@pytest.mark.parametrize("split", [False, True])
+def test_phases_are_written_interleaved(tiles: f16_launch.Tiles, split: bool) -> None:
+    """A transposed conv's phases written interleaved by the epilogue (or the chunk-sum kernel) are the
+    plain output's channels moved, bit for bit (auk-24k's third upsample: 384 -> 3 x 192)."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, _ = _case(4, 384, 2, 1, 350)
+    w = torch.randn(576, 384, 2, device="cuda") / 28.0  # 576 = 3 phases x 192 outputs
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*tc.split_f16(x), packed[0], packed[1], inverse, torch.randn(576, device="cuda"), 1)
+    with torch.inference_mode():
+        plain = tc.conv1d_f16x3(*args, tiles=tiles, split=split)
+        phased = tc.conv1d_f16x3(*args, tiles=tiles, split=split, phases=3)
+    assert phased.shape == (4, 192, 3 * plain.shape[-1])
+    for p in range(3):
+        assert torch.equal(phased[:, :, p::3], plain[:, p * 192 : (p + 1) * 192]), p
+
+
 def test_padding_inside_the_op_is_padding_before_it() -> None:
     """The op's own zero padding gives the bits of the same op on a padded copy (one layer, batch 3)."""
     x, w = _case(3, 192, 7, 3, 400)

@@ -172,19 +172,21 @@ class SplitConv(nn.Module):
         pads: tuple[int, int] = (0, 0),
         residual: Tensor | None = None,
         peak: Tensor | None = None,
+        phases: int = 1,
     ) -> Tensor:
         """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form (then
-        ``residual +`` it), on whichever kernel holds it. The float16 op pads as it splits, adds the
-        residual in its epilogue and takes ``x``'s row peaks from ``peak`` when given: no padded copy, no
-        separate add, no pass for the peaks."""
+        ``residual +`` it), on whichever kernel holds it; ``phases`` > 1 interleaves the output's phase
+        groups in time (a transposed convolution's phases, see ``conv1d_split_f16``). The float16 op pads
+        as it splits, adds the residual and interleaves in its epilogue, and takes ``x``'s row peaks from
+        ``peak`` when given: no padded copy, no separate add or copy, no pass for the peaks."""
         if self.packed_f16 is not None:
             assert _split_conv1d_f16 is not None and self.f16_inverse is not None  # set only where it loaded
             out: Tensor = _split_conv1d_f16(
-                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak
+                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases
             )
             return out
         assert _split_conv1d is not None and self.packed_split is not None  # likewise
-        out = _split_conv1d(F.pad(x, pads), self.packed_split, bias, dilation)
+        out = _split_conv1d(F.pad(x, pads), self.packed_split, bias, dilation, phases)
         return out if residual is None else residual + out
 
     def triton_weight(self) -> Tensor | None:
@@ -327,15 +329,11 @@ class CausalConvTranspose1d(_SplitConvTranspose1d):
         return y[..., : x.shape[-1] * self.stride[0]]
 
     def _polyphase(self, x: Tensor) -> Tensor:
-        batch, _, length = x.shape
         stride = self.stride[0]
         taps = self.kernel_size[0] // stride
         bias = None if self.bias is None else self.bias.repeat(stride)  # channel p*Cout + co -> bias[co]
-        phases = self.triton_conv(x, bias, 1, (taps - 1, 0))  # [B, s*Cout, T]
-        cout = phases.shape[1] // stride
-        return (
-            phases.view(batch, stride, cout, length).permute(0, 2, 3, 1).reshape(batch, cout, length * stride)
-        )
+        # stride phase convolutions [B, s*Cout, T], interleaved to [B, Cout, T*s]
+        return self.triton_conv(x, bias, 1, (taps - 1, 0), phases=stride)
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return conv_transpose_interval(lo, hi, kernel=self.kernel_size[0], stride=self.stride[0])

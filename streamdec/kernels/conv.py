@@ -119,20 +119,22 @@ def _(x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | Non
         return tc.conv1d_split(x_hi, x_lo, w_hi, w_lo, bias, dilation)
 
 
-def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
-    """``conv1d(x, w, bias, dilation=dilation)`` through the op, ``packed`` = ``pack_split_weight(w)``."""
+def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int, phases: int = 1) -> Tensor:
+    """``conv1d(x, w, bias, dilation=dilation)`` through the op, ``packed`` = ``pack_split_weight(w)``;
+    ``phases`` > 1 interleaves the output's phase groups as :func:`conv1d_split_f16` does (here a copy)."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d needs a float32 x, got {x.dtype}; use .float()")
     x_hi, x_lo = split_tf32(x)
     out: Tensor = torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, packed[0], packed[1], bias, dilation)
-    return out
+    return interleave_phases(out, phases)
 
 
 def _f16_out_shape(
-    x: Tensor, w_hi: Tensor, dilation: int, pad_left: int, pad_right: int
+    x: Tensor, w_hi: Tensor, dilation: int, pad_left: int, pad_right: int, phases: int
 ) -> tuple[int, int, int]:
     ksize, cout, _ = w_hi.shape
-    return x.shape[0], cout, pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation
+    tout = pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation
+    return x.shape[0], cout // phases, tout * phases
 
 
 def _check_f16(
@@ -146,6 +148,7 @@ def _check_f16(
     pad_right: int,
     residual: Tensor | None = None,
     peak: Tensor | None = None,
+    phases: int = 1,
 ) -> None:
     if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
@@ -169,7 +172,9 @@ def _check_f16(
             f"kernel at dilation {dilation}, bias {None if bias is None else tuple(bias.shape)} for {cout} "
             "outputs"
         )
-    out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right)
+    if phases < 1 or cout % phases:
+        raise ShapeError(f"conv1d_split_f16: {cout} output channels do not make {phases} phase groups")
+    out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases)
     if residual is not None and tuple(residual.shape) != out_shape:
         raise ShapeError(
             f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
@@ -197,6 +202,7 @@ def conv1d_split_f16(
     pad_right: int = 0,
     residual: Tensor | None = None,
     peak: Tensor | None = None,
+    phases: int = 1,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -209,11 +215,26 @@ def conv1d_split_f16(
     kernel; on the CPU, float32 ``F.conv1d`` of the padded ``x`` and the reassembled weight (exact in
     float32). ``peak``, if given, must be the float32 bits (int32 ``[B]``) of each row's largest ``|x|``
     (:func:`~streamdec.kernels.alias_free.alias_free_activation_peak` gives them): the split then skips its
-    own pass over ``x`` for them."""
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak)
+    own pass over ``x`` for them.
+
+    ``phases`` = s > 1 reads the ``Cout`` outputs as s groups (phases) of ``Cout // s`` and interleaves
+    them in time, as a transposed convolution run as s ordinary ones needs: the result is
+    ``[B, Cout // s, s * T']``, output channel ``p * (Cout // s) + c`` at ``[:, c, p::s]``. The kernel
+    writes it so; no copy follows."""
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
     out = F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
+    out = interleave_phases(out, phases)
     return out if residual is None else residual + out
+
+
+def interleave_phases(y: Tensor, phases: int) -> Tensor:
+    """``[B, s * C, T]`` -> ``[B, C, T * s]``, channel ``p * C + c`` to ``[:, c, p::s]`` (s = ``phases``)."""
+    if phases == 1:
+        return y
+    batch, channels, length = y.shape
+    per_phase = channels // phases
+    return y.view(batch, phases, per_phase, length).permute(0, 2, 3, 1).reshape(batch, per_phase, -1)
 
 
 @conv1d_split_f16.register_fake
@@ -228,8 +249,9 @@ def _(
     pad_right: int = 0,
     residual: Tensor | None = None,
     peak: Tensor | None = None,
+    phases: int = 1,
 ) -> Tensor:
-    return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right))
+    return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases))
 
 
 @conv1d_split_f16.register_kernel("cuda")
@@ -244,13 +266,16 @@ def _(
     pad_right: int = 0,
     residual: Tensor | None = None,
     peak: Tensor | None = None,
+    phases: int = 1,
 ) -> Tensor:
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak)
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(x.device):
         x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak)
-        return tc.conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual)
+        return tc.conv1d_f16x3(
+            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases
+        )
 
 
 def split_conv1d_f16(
@@ -262,9 +287,11 @@ def split_conv1d_f16(
     pads: tuple[int, int] = (0, 0),
     residual: Tensor | None = None,
     peak: Tensor | None = None,
+    phases: int = 1,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
-    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak`` as the op takes it.
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak`` and ``phases`` as the op
+    takes them.
 
     Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
     row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
@@ -272,6 +299,6 @@ def split_conv1d_f16(
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases
     )
     return out
