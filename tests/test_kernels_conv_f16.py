@@ -296,11 +296,11 @@ def test_triton_epilogue_adds_the_residual_bit_for_bit(p: dict[str, int], split:
 @needs_interpreter
 @settings(max_examples=10, deadline=None)
 @given(conv_shapes, phase_counts, st.booleans(), st.booleans())
-def test_triton_epilogue_interleaves_phases_bit_for_bit(
+def test_triton_interleave_of_phases_is_bit_for_bit(
     p: dict[str, int], phases: int, split: bool, with_residual: bool
 ) -> None:
-    """The phases written interleaved (by the kernel's epilogue or the chunk-sum kernel) are the plain
-    output's channels, moved, not recomputed; a residual is added to the interleaved result."""
+    """The phases interleaved by the Triton pass are the plain output's channels, moved, not recomputed
+    (after either launch); a residual is added to the interleaved result."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     p = {**p, "cout": max(1, p["cout"] // phases) * phases}

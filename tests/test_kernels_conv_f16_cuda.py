@@ -137,9 +137,9 @@ def test_residual_in_the_epilogue_is_a_separate_add(tiles: f16_launch.Tiles, spl
 
 @pytest.mark.parametrize("tiles", [f16_launch.LARGE, f16_launch.SMALL, f16_launch.Tiles(64, 128, 4, 2)])
 @pytest.mark.parametrize("split", [False, True])
-def test_phases_are_written_interleaved(tiles: f16_launch.Tiles, split: bool) -> None:
-    """A transposed conv's phases written interleaved by the epilogue (or the chunk-sum kernel) are the
-    plain output's channels moved, bit for bit (auk-24k's third upsample: 384 -> 3 x 192)."""
+def test_phases_are_interleaved(tiles: f16_launch.Tiles, split: bool) -> None:
+    """A transposed conv's phases, interleaved in time after any launch, are the plain output's channels
+    moved, bit for bit (auk-24k's third upsample: 384 -> 3 x 192)."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, _ = _case(4, 384, 2, 1, 350)

@@ -177,8 +177,8 @@ class SplitConv(nn.Module):
         """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form (then
         ``residual +`` it), on whichever kernel holds it; ``phases`` > 1 interleaves the output's phase
         groups in time (a transposed convolution's phases, see ``conv1d_split_f16``). The float16 op pads
-        as it splits, adds the residual and interleaves in its epilogue, and takes ``x``'s row peaks from
-        ``peak`` when given: no padded copy, no separate add or copy, no pass for the peaks."""
+        as it splits, adds the residual in its epilogue and takes ``x``'s row peaks from ``peak`` when
+        given: no padded copy, no separate add, no pass for the peaks."""
         if self.packed_f16 is not None:
             assert _split_conv1d_f16 is not None and self.f16_inverse is not None  # set only where it loaded
             out: Tensor = _split_conv1d_f16(

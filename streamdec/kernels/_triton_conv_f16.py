@@ -42,7 +42,7 @@ from streamdec.kernels.f16_launch import Tiles, plan
 # class: sizes that vary layer by layer stay runtime values (with KSIZE a constexpr and every integer
 # specialised, auk-24k's 1 x 70 and 16 x 70 buckets needed 74 binaries, about a minute of cold start).
 # Only CP stays specialised: it is always a multiple of F16_CHANNEL_QUANTUM, so it costs no extra binary.
-_RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK", "PHASES"]
+_RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK"]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
@@ -54,8 +54,8 @@ def _conv1d_f16x3_kernel(
     x_inv_ptr,  # [B] float32: 2**-kx
     w_inv_ptr,  # [COUT] float32: 2**-kw
     bias_ptr,  # [COUT] (read only when HAS_BIAS)
-    res_ptr,  # like y, added to it (read only when HAS_RES)
-    out_ptr,  # SPLIT: [NCHUNK, B, COUT, TOUT] chunk sums; else y [B, COUT // PHASES, TOUT * PHASES]
+    res_ptr,  # [B, COUT, TOUT] added to y (read only when HAS_RES)
+    out_ptr,  # SPLIT: [NCHUNK, B, COUT, TOUT] chunk sums; else y [B, COUT, TOUT]
     B,
     CP,
     COUT,
@@ -65,7 +65,6 @@ def _conv1d_f16x3_kernel(
     CHUNK,  # steps per chunk
     NCHUNK,
     KSIZE,
-    PHASES,  # output channel p * (COUT // PHASES) + c is y[b, c, t * PHASES + p] (see _y_rows)
     HAS_RES: tl.constexpr,  # a constexpr: as a runtime branch the epilogue would run out of registers
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -109,29 +108,18 @@ def _conv1d_f16x3_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
-    # 32-bit offsets from a 64-bit corner: 64-bit ones per element would keep twice the registers live
-    # through the epilogue, and with a residual to read, spill.
+    # 32-bit offsets from the tile's corner (a 64-bit scalar): 64-bit ones per element would keep twice the
+    # registers live through the epilogue, and with a residual to read, spill.
+    local = tl.arange(0, BLOCK_M)[:, None] * TOUT + tl.arange(0, BLOCK_N)[None, :]
     if SPLIT:
-        local = tl.arange(0, BLOCK_M)[:, None] * TOUT + tl.arange(0, BLOCK_N)[None, :]
         corner = ((first.to(tl.int64) * B + batch) * COUT + m0) * TOUT + n0
         tl.store(out_ptr + corner + local, total, mask=mask)
     else:
         y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
-        local = _y_rows(offs_m, COUT, TOUT, PHASES)[:, None] + offs_n[None, :] * PHASES
-        corner = batch.to(tl.int64) * COUT * TOUT
+        corner = (batch.to(tl.int64) * COUT + m0) * TOUT + n0
         if HAS_RES:
             y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
         tl.store(out_ptr + corner + local, y, mask=mask)
-
-
-@triton.jit
-def _y_rows(offs_m, COUT, TOUT, PHASES):
-    """Where output channel ``m``'s sample 0 lies in its batch row of ``y``: with ``PHASES`` = s (a
-    transposed conv run as s phase convolutions) channel ``p * (COUT // s) + c`` holds samples
-    ``t * s + p`` of ``y``'s channel ``c``, so the interleave is written here, not copied after.
-    ``PHASES`` = 1 is the plain ``m * TOUT``."""
-    per_phase = COUT // PHASES
-    return (offs_m % per_phase) * (TOUT * PHASES) + offs_m // per_phase
 
 
 @triton.jit
@@ -145,19 +133,18 @@ def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIA
     return y
 
 
-@triton.jit(do_not_specialize=["PLANE", "COUT", "TOUT", "NCHUNK", "PHASES"])
+@triton.jit(do_not_specialize=["PLANE", "COUT", "TOUT", "NCHUNK"])
 def _chunk_sum_kernel(
     part_ptr,  # [NCHUNK, B, COUT, TOUT] float32
     x_inv_ptr,
     w_inv_ptr,
     bias_ptr,
     res_ptr,
-    y_ptr,  # [B, COUT // PHASES, TOUT * PHASES]
+    y_ptr,  # [B, COUT, TOUT]
     PLANE,  # B * COUT * TOUT: one chunk's sums
     COUT,
     TOUT,
     NCHUNK,
-    PHASES,
     HAS_RES: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -177,11 +164,37 @@ def _chunk_sum_kernel(
         total += tl.load(parts, mask=mask, other=0.0)
         parts += PLANE  # 64-bit pointer steps: no index overflow
     y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
-    y_offs = batch.to(tl.int64) * COUT * TOUT + _y_rows(offs_m, COUT, TOUT, PHASES)[:, None]
-    y_offs += offs_n[None, :] * PHASES
     if HAS_RES:
-        y += tl.load(res_ptr + y_offs, mask=mask, other=0.0)
-    tl.store(y_ptr + y_offs, y, mask=mask)
+        y += tl.load(res_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+@triton.jit(do_not_specialize=["PER_PHASE", "T", "PHASES"])
+def _interleave_kernel(
+    src_ptr,  # [B, PHASES * PER_PHASE, T]: phase p's channels are rows p * PER_PHASE ...
+    dst_ptr,  # [B, PER_PHASE, T * PHASES]
+    PER_PHASE,
+    T,
+    PHASES,
+    BLOCK_C: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """``dst[b, c, t * PHASES + p] = src[b, p * PER_PHASE + c, t]``, tiled over the output so that the
+    stores run contiguously; the loads gather from ``PHASES`` rows, each in short contiguous runs. (Written
+    by the conv's epilogue instead, at a runtime stride, the interleave made every launch of the conv
+    kernel half as slow again: ``bench/results/2026-11-30-h200-s6-run1-*``.)"""
+    pid_t = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    batch = tl.program_id(2)
+    length = T * PHASES
+    offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_out = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    phase = offs_out % PHASES
+    mask = (offs_c < PER_PHASE)[:, None] & (offs_out < length)[None, :]
+    base = batch.to(tl.int64) * PER_PHASE * length  # both tensors hold PER_PHASE * length per batch row
+    src = (phase[None, :] * PER_PHASE + offs_c[:, None]) * T + (offs_out // PHASES)[None, :]
+    values = tl.load(src_ptr + base + src, mask=mask)
+    tl.store(dst_ptr + base + offs_c[:, None] * length + offs_out[None, :], values, mask=mask)
 
 
 @triton.jit
@@ -291,8 +304,8 @@ def conv1d_f16x3(
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
     given. With ``phases`` = s > 1 the output channels are s phase groups of ``COUT // s``, interleaved in
-    time as they are written: ``y`` is [B, COUT // s, TOUT * s], channel ``p * (COUT // s) + c`` at
-    ``y[:, c, p::s]`` (a transposed convolution run as s ordinary ones).
+    time (a transposed convolution run as s ordinary ones): ``y`` is [B, COUT // s, TOUT * s], channel
+    ``p * (COUT // s) + c`` at ``y[:, c, p::s]``, and ``residual`` has that shape.
 
     ``tiles`` and ``split`` override the launch (``scripts/bench_conv_kernels.py`` times candidates); by
     default :func:`streamdec.kernels.f16_launch.plan` decides. Neither changes a single bit of the result.
@@ -300,12 +313,16 @@ def conv1d_f16x3(
     batch, tin, cp = x_hi.shape
     ksize, cout, _ = w_hi.shape
     tout = tin - (ksize - 1) * dilation
-    if phases < 1 or cout % phases or cout * max(tout, 0) >= 2**31:
-        raise ShapeError(
-            f"{cout} output channels x {tout} samples in {phases} phases: need whole phase "
-            "groups and under 2**31 elements per batch row (the epilogue's 32-bit offsets)"
-        )
-    y = torch.empty(batch, cout // phases, tout * phases, device=x_hi.device, dtype=torch.float32)
+    if phases > 1:
+        if cout % phases or cout * max(tout, 0) >= 2**31:
+            raise ShapeError(
+                f"{cout} output channels x {tout} samples in {phases} phases: need whole phase groups "
+                "and under 2**31 elements per batch row (the interleave's 32-bit offsets)"
+            )
+        plain = conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split)
+        out = interleave(plain, phases)
+        return out if residual is None else residual + out
+    y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
     sms = sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
@@ -339,7 +356,6 @@ def conv1d_f16x3(
         launch.chunk_steps,
         launch.chunks,
         ksize,
-        phases,
         HAS_RES=residual is not None,
         HAS_BIAS=bias is not None,
         SPLIT=launch.split,
@@ -351,7 +367,19 @@ def conv1d_f16x3(
     )
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
-            out, x_inv, w_inv, bias_arg, res_arg, y, batch * cout * tout, cout, tout, launch.chunks, phases,
+            out, x_inv, w_inv, bias_arg, res_arg, y, batch * cout * tout, cout, tout, launch.chunks,
             HAS_RES=residual is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y
+
+
+def interleave(y: torch.Tensor, phases: int) -> torch.Tensor:
+    """``[B, s * C, T]`` -> ``[B, C, T * s]``, channel ``p * C + c`` to ``[:, c, p::s]`` (s = ``phases``),
+    in one pass that writes contiguously."""
+    batch, channels, length = y.shape
+    out = y.new_empty(batch, channels // phases, length * phases)
+    if out.numel() == 0:
+        return out
+    grid = (triton.cdiv(length * phases, 256), triton.cdiv(channels // phases, 16), batch)
+    _interleave_kernel[grid](y, out, channels // phases, length, phases, BLOCK_C=16, BLOCK_T=256, num_warps=4)
+    return out

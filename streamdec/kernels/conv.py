@@ -219,8 +219,8 @@ def conv1d_split_f16(
 
     ``phases`` = s > 1 reads the ``Cout`` outputs as s groups (phases) of ``Cout // s`` and interleaves
     them in time, as a transposed convolution run as s ordinary ones needs: the result is
-    ``[B, Cout // s, s * T']``, output channel ``p * (Cout // s) + c`` at ``[:, c, p::s]``. The kernel
-    writes it so; no copy follows."""
+    ``[B, Cout // s, s * T']``, output channel ``p * (Cout // s) + c`` at ``[:, c, p::s]``. On CUDA one
+    Triton pass after the conv does it, writing contiguously."""
     _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
     out = F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
