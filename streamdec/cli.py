@@ -160,12 +160,28 @@ def _resolve(command: _Command) -> tuple[Callable[..., None], Callable[..., int]
     return getattr(module, configure), getattr(module, run)
 
 
+def _not_installed(module_name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        print(
+            f"streamdec {args.command}: {module_name} cannot be imported here. In a checkout, install it "
+            "(`pip install -e .`): `server/` and `clients/` become streamdec.server and streamdec.clients "
+            "only when installed",
+            file=sys.stderr,
+        )
+        return 2
+
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, command) in _COMMANDS.items():
         resolved = _resolve(command)
         if resolved is None:
+            # Still a subcommand, so that calling it says what is missing rather than "invalid choice".
+            child = sub.add_parser(name, help=f"{help_text} (not installed here)", add_help=False)
+            child.set_defaults(run=_not_installed(command[0]), any_arguments=True)
             continue
         configure, run = resolved
         child = sub.add_parser(name, help=help_text, description=help_text)
@@ -175,7 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.run(args))
     except StreamdecError as exc:

@@ -48,3 +48,18 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     result = _run("decode", "bad.npy", "bad.wav", "--codec", "tiny", cwd=tmp_path)
     assert result.returncode == 2
     assert "ShapeError" in result.stderr and "latent_dim=64" in result.stderr
+
+
+def test_a_part_that_is_not_installed_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A subcommand whose module cannot be imported (``serve`` from a bare checkout) exits 2 naming the
+    module and the fix, whatever arguments it was given, instead of argparse's "invalid choice"."""
+    from streamdec import cli
+
+    commands = {**cli._COMMANDS, "ghost": ("haunt", ("streamdec.ghost.cli", "configure", "run"))}
+    monkeypatch.setattr(cli, "_COMMANDS", commands)
+    assert cli.main(["ghost", "--device", "cuda", "x.npy"]) == 2
+    err = capsys.readouterr().err
+    assert "streamdec ghost: streamdec.ghost.cli cannot be imported" in err and "pip install -e ." in err
+    assert cli.main(["info", "--codec", "tiny"]) == 0  # the installed ones still run
