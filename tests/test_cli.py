@@ -63,3 +63,6 @@ def test_a_part_that_is_not_installed_says_so(
     err = capsys.readouterr().err
     assert "streamdec ghost: streamdec.ghost.cli cannot be imported" in err and "pip install -e ." in err
     assert cli.main(["info", "--codec", "tiny"]) == 0  # the installed ones still run
+    with pytest.raises(SystemExit) as exit_info:  # and still refuse arguments they do not take
+        cli.main(["info", "--codec", "tiny", "--bogus"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
