@@ -6,11 +6,14 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install demo test lint typecheck pytest bench-cpu bench clean
+.PHONY: help install demo test lint typecheck pytest test-unit test-integration test-gpu test-gpu-slow bench-cpu bench clean
 
 help:
 	@echo "make demo   - create .venv if missing, install, stream a generated clip through the tiny codec"
 	@echo "make test   - create .venv if missing, install, run lint, types and the whole test suite"
+	@echo "make test-unit / test-integration - one group of the CPU suite"
+	@echo "make test-gpu       - every cuda test but the compile-heavy ones, on a GPU host's own python3"
+	@echo "make test-gpu-slow  - the compile-heavy cuda tests"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +40,19 @@ pytest: $(STAMP)
 	STREAMDEC_REQUIRE_REF=1 $(VENV)/bin/pytest
 
 test: lint typecheck pytest
+
+test-unit: $(STAMP)
+	$(VENV)/bin/pytest tests/unit
+
+test-integration: $(STAMP)
+	$(VENV)/bin/pytest tests/integration
+
+# GPU hosts bring their own CUDA torch: these targets use $(PYTHON) as it is, without the CPU venv.
+test-gpu:
+	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -m "cuda and not slow" tests
+
+test-gpu-slow:
+	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -m "cuda and slow" tests
 
 bench-cpu: $(STAMP)
 	$(PY) scripts/bench_cpu.py --out bench/results

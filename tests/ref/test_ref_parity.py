@@ -35,7 +35,7 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def refs() -> tuple[Any, Any]:
     """``(dac.model.dac, bigvgan.bigvgan)``; skips when the ``ref`` extra is not installed."""
-    from torchaudio_stub import import_references
+    from support.torchaudio_stub import import_references
 
     missing = [m for m in ("dac", "bigvgan") if importlib.util.find_spec(m) is None]
     if missing:  # find_spec, not importorskip: importing dac before the stub would load torchaudio's .so

@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -28,6 +27,7 @@ from streamdec.codecs.precision import (
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import conv1d_split_f16, split_conv1d_f16
+from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 
 finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
 

@@ -16,14 +16,14 @@ import anyio
 import numpy as np
 import pytest
 import torch
-from streamdec.clients import connect
-from streamdec.clients.cli import Playback, configure_stream, run_stream
-from test_server_support import offline, raw, ready, running_server, send_latents, start
 from websockets.exceptions import ConnectionClosed
 
 import streamdec
+from streamdec.clients import connect
+from streamdec.clients.cli import Playback, configure_stream, run_stream
 from streamdec.errors import ServerError
 from streamdec.io import pcm16
+from support.server_support import offline, raw, ready, running_server, send_latents, start
 
 pytestmark = pytest.mark.timeout(120)
 

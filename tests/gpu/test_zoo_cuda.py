@@ -45,8 +45,11 @@ async def _streams(
 
 @pytest.mark.parametrize(
     ("compile", "precision"),
-    [(False, "fp32"), (False, "tf32x3"), (True, "fp32")],
-    ids=["graphs", "graphs-tf32x3", "compiled"],
+    [
+        pytest.param(False, "fp32", id="graphs"),
+        pytest.param(False, "tf32x3", id="graphs-tf32x3"),
+        pytest.param(True, "fp32", id="compiled", marks=pytest.mark.slow),
+    ],
 )
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_streams_on_cuda_equal_offline(name: str, compile: bool, precision: Precision) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from streamdec.server import ServerConfig, StreamServer
 from websockets.asyncio.client import ClientConnection, connect
 
 import streamdec
 from streamdec.engine import Engine, EngineStats, WarmupReport, WindowRequest, create_engine
 from streamdec.protocol import decode_audio_samples, encode_latents, parse_audio
+from streamdec.server import ServerConfig, StreamServer
 
 POISON = 1.0e4  # a latent value FailingEngine refuses to decode
 

@@ -7,13 +7,13 @@ from typing import TypeVar
 
 import pytest
 import torch
-from probes import flat_convs, flat_filters, random_weights, reads
 from torch import Tensor, nn
 
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.auk import AMPBlock
 from streamdec.codecs.geometry import conv_interval, conv_transpose_interval, hull, through
 from streamdec.codecs.layers import AliasFreeActivation, CausalConvTranspose1d, PaddedConv1d, refresh_caches
+from support.probes import flat_convs, flat_filters, random_weights, reads
 
 torch.set_num_threads(2)
 M = TypeVar("M", bound=nn.Module)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streamdec.clients.client import connect
-from test_server_support import running_server
 
 import streamdec
+from streamdec.clients.client import connect
+from support.server_support import running_server
 
 torch.set_num_threads(2)
 FAMILIES = ["dac-tiny", "oobleck-tiny", "bigvgan-tiny"]

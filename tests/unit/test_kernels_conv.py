@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -21,6 +20,7 @@ from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polypha
 from streamdec.codecs.precision import pack_split_weight, split_tf32
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.conv import conv1d_split_tf32, split_conv1d
+from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 
 
 @settings(max_examples=40, deadline=None)

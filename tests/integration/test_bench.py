@@ -200,7 +200,7 @@ def test_profile_summary_sorts_kernels_by_kind() -> None:
     import importlib.util
     from types import SimpleNamespace
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "profile_decode.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "profile_decode.py"
     spec = importlib.util.spec_from_file_location("profile_decode", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -10,7 +10,11 @@ import anyio
 import numpy as np
 import pytest
 import torch
-from test_server_support import (
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from streamdec.io import pcm16
+from streamdec.protocol import LATENT_HEADER, encode_latents
+from support.server_support import (
     POISON,
     clip,
     collect,
@@ -23,10 +27,6 @@ from test_server_support import (
     start,
     tiny_codec,
 )
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-
-from streamdec.io import pcm16
-from streamdec.protocol import LATENT_HEADER, encode_latents
 
 pytestmark = pytest.mark.timeout(120)
 

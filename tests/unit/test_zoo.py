@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-from probes import flat_convs, flat_filters, random_weights, reads
 from torch import Tensor, nn
 
 from streamdec.codecs import PRESETS, Codec, load_codec
@@ -31,6 +30,7 @@ from streamdec.codecs.layers import (
 )
 from streamdec.codecs.oobleck import OOBLECK_TINY
 from streamdec.codecs.registry import build_codec, family_class, finalize
+from support.probes import flat_convs, flat_filters, random_weights, reads
 
 torch.set_num_threads(2)
 

@@ -77,6 +77,7 @@ async def test_plain_graph_equals_eager(codec: Codec) -> None:
     await engine.aclose()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")  # Inductor/Triton internals may warn; not the engine's warnings
 async def test_compiled_graph_matches_eager(codec: Codec) -> None:
     """A compiled bucket graph is within 1e-4 of eager and at least 70 dB SNR."""

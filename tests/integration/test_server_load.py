@@ -13,7 +13,11 @@ import anyio
 import numpy as np
 import pytest
 import torch
-from test_server_support import (
+from websockets.exceptions import ConnectionClosed
+
+import streamdec
+from streamdec.protocol import ErrorCode, decode_audio_samples, encode_latents, parse_audio
+from support.server_support import (
     Received,
     clip,
     collect,
@@ -25,10 +29,6 @@ from test_server_support import (
     start,
     tiny_codec,
 )
-from websockets.exceptions import ConnectionClosed
-
-import streamdec
-from streamdec.protocol import ErrorCode, decode_audio_samples, encode_latents, parse_audio
 
 pytestmark = pytest.mark.timeout(120)
 
