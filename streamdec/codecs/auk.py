@@ -26,6 +26,7 @@ from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, hull, residual, through
 from streamdec.codecs.layers import AliasFreeActivation, CausalConvTranspose1d, PaddedConv1d
+from streamdec.codecs.stateful import Mean, Node, Residual, Seq, Stateless, layout_of
 from streamdec.errors import CodecError
 
 __all__ = ["AUK_24K", "TINY", "AMPBlock", "AuKConfig", "AuKDecoder"]
@@ -97,6 +98,16 @@ class AMPBlock(nn.Module):
             lo, hi = residual(self._unit(i), lo, hi)  # type: ignore[arg-type]
         return lo, hi
 
+    def stream_layout(self) -> Node:
+        channels = cast(PaddedConv1d, self.convs1[0]).in_channels
+        units = range(len(self.convs1))
+        return Seq(
+            [
+                Residual(Seq([layout_of(m) for m in self._unit(i)]), channels, identity_first=True)
+                for i in units
+            ]
+        )
+
 
 class _Stage(nn.Module):
     """One upsampling stage: transposed conv, then the mean of parallel AMP blocks."""
@@ -120,6 +131,10 @@ class _Stage(nn.Module):
     def input_interval(self, lo: int, hi: int) -> Interval:
         lo, hi = hull(block.input_interval(lo, hi) for block in self.amp_blocks())
         return self.up.input_interval(lo, hi)
+
+    def stream_layout(self) -> Node:
+        blocks = [block.stream_layout() for block in self.amp_blocks()]
+        return Seq([layout_of(self.up), Mean(blocks, self.up.out_channels)])
 
 
 class AuKDecoder(ConfiguredCodec):
@@ -158,6 +173,9 @@ class AuKDecoder(ConfiguredCodec):
     def input_interval(self, lo: int, hi: int) -> Interval:
         return through(self._layers(), lo, hi)  # type: ignore[arg-type]
 
+    def stream_layout(self) -> Node:
+        return Seq([*(layout_of(m) for m in self._layers()), Stateless(_clamp)])
+
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
         """Seeded random weights whose decode of N(0, 1) latents is audio-like (std ~0.1, rarely clipped).
@@ -194,3 +212,7 @@ class AuKDecoder(ConfiguredCodec):
         normal(self.global_mean, 0.5)
         self.global_log_std.copy_(torch.rand(self.global_log_std.shape, generator=gen) * 1.5 + 0.5)
         self.refresh_cache()
+
+
+def _clamp(x: Tensor) -> Tensor:
+    return x.clamp(-1.0, 1.0)

@@ -33,6 +33,7 @@ from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
 from streamdec.codecs.geometry import Interval, hull, residual, through
 from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
+from streamdec.codecs.stateful import Mean, Node, Residual, Seq, Stateless, layout_of
 from streamdec.errors import CodecError
 
 __all__ = [
@@ -174,6 +175,10 @@ class AMPBlock(nn.Module):
             lo, hi = residual(unit, lo, hi)  # type: ignore[arg-type]
         return lo, hi
 
+    def stream_layout(self) -> Node:
+        channels = _act_channels(self.activations[0])
+        return Seq([Residual(Seq([layout_of(m) for m in unit]), channels) for unit in self.units()])
+
 
 class _Stage:
     """Geometry view of one stage: ``ups[i]`` then the mean of its AMP blocks (no parameters here)."""
@@ -237,6 +242,20 @@ class BigVGANGenerator(ConfiguredCodec):
     def input_interval(self, lo: int, hi: int) -> Interval:
         return through([self.conv_pre, *self._stages(), self.activation_post, self.conv_post], lo, hi)
 
+    def stream_layout(self) -> Node:
+        stages: list[Node] = [
+            Seq([layout_of(stage.up), Mean([b.stream_layout() for b in stage.blocks], stage.up.out_channels)])
+            for stage in self._stages()
+        ]
+        final = torch.tanh if self.config.use_tanh_at_final else _clamp
+        layers = [
+            layout_of(self.conv_pre),
+            *stages,
+            layout_of(self.activation_post),
+            layout_of(self.conv_post),
+        ]
+        return Seq([*layers, Stateless(final)])
+
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
         """Seeded random weights (conv N(0, gain^2/fan_in), residual gain 0.5, biases N(0, 0.02^2)).
@@ -259,3 +278,11 @@ class BigVGANGenerator(ConfiguredCodec):
         self.global_mean.zero_()
         self.global_log_std.fill_(1.0)
         self.refresh_cache()
+
+
+def _clamp(x: Tensor) -> Tensor:
+    return x.clamp(-1.0, 1.0)
+
+
+def _act_channels(act: nn.Module) -> int:
+    return int(cast(AliasFreeActivation, act).act.alpha.numel())

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, Snake
+from streamdec.codecs.stateful import Node, Residual, layout_of
 from streamdec.errors import CodecError, DTypeError, ShapeError
 
 __all__ = ["DAC_16K", "DAC_24K", "DAC_44K", "DAC_TINY", "DACCodebooks", "DACConfig", "DACDecoder"]
@@ -96,6 +97,10 @@ class ResidualUnit(nn.Module):
     def input_interval(self, lo: int, hi: int) -> Interval:
         return residual(list(self.block), lo, hi)  # type: ignore[arg-type]
 
+    def stream_layout(self) -> Node:
+        channels = cast(PaddedConv1d, self.block[1]).in_channels
+        return Residual(layout_of(self.block), channels, identity_first=True)
+
 
 class DecoderBlock(nn.Module):
     """Snake, transposed conv (x ``stride``), three residual units at dilations 1, 3, 9."""
@@ -114,6 +119,9 @@ class DecoderBlock(nn.Module):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return self.block.input_interval(lo, hi)
+
+    def stream_layout(self) -> Node:
+        return layout_of(self.block)
 
 
 class DACDecoder(ConfiguredCodec):
@@ -147,6 +155,9 @@ class DACDecoder(ConfiguredCodec):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return self.model.input_interval(lo, hi)
+
+    def stream_layout(self) -> Node:
+        return layout_of(self.model)
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:

@@ -239,9 +239,16 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         return self.weight
 
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
+        return self.convolve(x, (self.pad_left, self.pad_right))
+
+    def convolve(
+        self, x: Tensor, pads: tuple[int, int]
+    ) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
+        """This convolution with ``pads`` zeros around ``x`` instead of its own padding (stateful streaming
+        convolves a kept history with none), on whichever path this layer takes."""
         if self.on_triton(x):
-            return self.triton_conv(x, self.bias, self.dilation[0], (self.pad_left, self.pad_right))
-        x = F.pad(x, (self.pad_left, self.pad_right))
+            return self.triton_conv(x, self.bias, self.dilation[0], pads)
+        x = F.pad(x, pads)
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,7 @@ from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig
 from streamdec.codecs.geometry import Interval, residual
 from streamdec.codecs.layers import GeoSequential, PaddedConv1d, PaddedConvTranspose1d, Pointwise, SnakeBeta
+from streamdec.codecs.stateful import Node, Residual, layout_of
 from streamdec.errors import CodecError
 
 __all__ = ["OOBLECK_44K", "OOBLECK_TINY", "OobleckConfig", "OobleckDecoder"]
@@ -97,6 +98,10 @@ class ResidualUnit(nn.Module):
     def input_interval(self, lo: int, hi: int) -> Interval:
         return residual(list(self.layers), lo, hi)  # type: ignore[arg-type]
 
+    def stream_layout(self) -> Node:
+        channels = cast(PaddedConv1d, self.layers[1]).in_channels
+        return Residual(layout_of(self.layers), channels, identity_first=True)
+
 
 class DecoderBlock(nn.Module):
     """SnakeBeta, transposed conv (x ``stride``), three residual units at dilations 1, 3, 9."""
@@ -115,6 +120,9 @@ class DecoderBlock(nn.Module):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return self.layers.input_interval(lo, hi)
+
+    def stream_layout(self) -> Node:
+        return layout_of(self.layers)
 
 
 class OobleckDecoder(ConfiguredCodec):
@@ -152,6 +160,9 @@ class OobleckDecoder(ConfiguredCodec):
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         return self.layers.input_interval(lo, hi)
+
+    def stream_layout(self) -> Node:
+        return layout_of(self.layers)
 
     @classmethod
     def from_config(cls, name: str, config: Mapping[str, Any]) -> OobleckDecoder:

@@ -1,0 +1,510 @@
+"""Stateful streaming: each layer keeps the inputs its next outputs need, so every latent frame is decoded once.
+
+A decoder is described as a small tree of streaming nodes (:func:`layout_of`): leaves wrap this package's
+layers, composites are sequences, residual sums and means of parallel branches. Every node runs in three
+modes, all with static shapes so that one captured graph serves any batch of streams:
+
+* ``prime(x)``  - the first ``m`` input samples of a stream, with the layer's own left padding (zeros,
+  replicate: whatever the whole-clip decode does at a clip's start). It returns the outputs whose right
+  reach has arrived and the layer's state.
+* ``step(x)``   - ``n`` more input samples: ``layer(cat(state, x))`` cropped to the outputs that read only
+  real samples. Output count per step is constant (``n * up``); the output trails the input by the node's
+  ``lag`` samples.
+* ``flush(x)``  - the last ``n`` samples of a stream: the layer's own right padding at the true end, so the
+  final ``lag`` outputs equal the whole-clip decode's.
+
+A leaf whose output ``t`` reads inputs ``t - a .. t + b`` keeps the last ``a + b`` inputs::
+
+        state (a + b)         new input (n)
+    |<--- a --->|<- b ->|<-------- n -------->|
+                |<--------- n outputs -------->|  (trailing the input by b: the lag)
+
+Composites align their branches with delay lines (a residual's identity path waits for the branch's lag),
+and the whole network gets a final delay that rounds its lag up to whole frames, so a step of ``n`` latent
+frames yields exactly ``n`` frames of audio ``right_frames`` frames behind.
+
+Exactness needs every state sample to be a real sample of the stream (or a zero where the layer pads with
+zeros): a layer with internal replicate padding (the alias-free activation) must see at least ``a + b``
+real inputs in the prime. :attr:`StatefulNet.min_prime_frames` is the smallest prime that guarantees it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from streamdec.codecs.layers import (
+    AliasFreeActivation,
+    CausalConvTranspose1d,
+    GeoSequential,
+    PaddedConv1d,
+    PaddedConvTranspose1d,
+    Pointwise,
+    SnakeBeta,
+)
+from streamdec.errors import CodecError
+
+if TYPE_CHECKING:
+    from streamdec.codecs.base import Codec
+
+__all__ = [
+    "Delay",
+    "Leaf",
+    "Mean",
+    "Node",
+    "Residual",
+    "Seq",
+    "StateSpec",
+    "StatefulNet",
+    "layout_of",
+    "supports_stateful",
+]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state tensor of one stream: ``[channels, length]`` samples."""
+
+    channels: int
+    length: int
+
+
+class _States:
+    """The flat list of state tensors one call reads (``get``) and writes (``put``), by leaf index."""
+
+    def __init__(self, tensors: Sequence[Tensor] | None, count: int) -> None:
+        self.inputs = tensors
+        self.outputs: list[Tensor | None] = [None] * count
+
+    def get(self, index: int) -> Tensor:
+        assert self.inputs is not None, "a prime reads no state"
+        return self.inputs[index]
+
+    def put(self, index: int, value: Tensor) -> None:
+        self.outputs[index] = value
+
+
+class Node(abc.ABC):
+    """A streaming node: static-shape prime, step and flush (module docstring)."""
+
+    #: output samples per input sample
+    up: int = 1
+
+    @abc.abstractmethod
+    def lag(self) -> int:
+        """Output samples by which a step's output trails its input (in the output's sample domain)."""
+
+    @abc.abstractmethod
+    def prime_len(self, m: int) -> int:
+        """Output samples of a prime on ``m`` input samples; raises :class:`_TooShort` if ``m`` is too few."""
+
+    @abc.abstractmethod
+    def leaves(self) -> list[Stateful]:
+        """The stateful leaves below this node, in state order."""
+
+    @abc.abstractmethod
+    def prime(self, x: Tensor, states: _States) -> Tensor: ...
+
+    @abc.abstractmethod
+    def step(self, x: Tensor, states: _States) -> Tensor: ...
+
+    @abc.abstractmethod
+    def flush(self, x: Tensor, states: _States) -> Tensor: ...
+
+
+class _TooShort(Exception):
+    """A prime that gives some layer fewer real samples than its state needs."""
+
+
+class Stateless(Node):
+    """A pointwise layer (Snake, tanh, clamp): no state, no lag."""
+
+    def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
+        self.fn = fn
+
+    def lag(self) -> int:
+        return 0
+
+    def prime_len(self, m: int) -> int:
+        return m
+
+    def leaves(self) -> list[Stateful]:
+        return []
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        return self.fn(x)
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        return self.fn(x)
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        return self.fn(x)
+
+
+class Stateful(Node):
+    """A node that keeps ``state_len`` input samples of ``channels`` channels; ``index`` is set by the net."""
+
+    index: int = -1
+    channels: int
+    state_len: int
+
+    def leaves(self) -> list[Stateful]:
+        return [self] if self.state_len > 0 else []
+
+    def _keep(self, buffer: Tensor, states: _States) -> None:
+        if self.state_len > 0:
+            states.put(self.index, buffer[..., buffer.shape[-1] - self.state_len :])
+
+    def _buffer(self, x: Tensor, states: _States) -> Tensor:
+        return torch.cat([states.get(self.index), x], dim=-1) if self.state_len > 0 else x
+
+    def _prime_state(self, x: Tensor, states: _States, pad: str) -> None:
+        """The state after a prime on ``x``: its last inputs, left-padded as the layer pads if too few."""
+        short = self.state_len - x.shape[-1]
+        if short > 0:
+            if pad != "zeros":
+                raise _TooShort
+            x = F.pad(x, (short, 0))
+        self._keep(x, states)
+
+
+class Leaf(Stateful):
+    """A layer whose output ``t`` reads inputs ``t-a .. t+b``, run whole on ``cat(state, x)`` and cropped.
+
+    Fits any layer with internal edge padding (the alias-free activation pads by replication inside): the
+    crop keeps only outputs that read real samples, and a prime shorter than ``a + b`` is refused.
+    """
+
+    def __init__(self, layer: nn.Module, channels: int, reach: tuple[int, int]) -> None:
+        self.layer = layer
+        self.channels = channels
+        self.a, self.b = reach
+        self.state_len = self.a + self.b
+
+    def lag(self) -> int:
+        return self.b
+
+    def prime_len(self, m: int) -> int:
+        if m < self.state_len:
+            raise _TooShort
+        return m - self.b
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        self._prime_state(x, states, pad="replicate")
+        out: Tensor = self.layer(x)
+        return out[..., : x.shape[-1] - self.b]
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        buffer = self._buffer(x, states)
+        self._keep(buffer, states)
+        out: Tensor = self.layer(buffer)
+        return out[..., self.a : self.a + x.shape[-1]]
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        out: Tensor = self.layer(self._buffer(x, states))
+        return out[..., self.a :]
+
+
+class Conv(Stateful):
+    """A zero-padded :class:`PaddedConv1d`: steps convolve ``cat(state, x)`` without padding."""
+
+    def __init__(self, conv: PaddedConv1d) -> None:
+        self.conv = conv
+        self.channels = conv.in_channels
+        self.state_len = (conv.kernel_size[0] - 1) * conv.dilation[0]
+        self.right = self.state_len - conv.pad_left  # right reach: the lag
+        if self.right < 0 or conv.stride[0] != 1:
+            raise CodecError(f"{conv} reads no future sample or has a stride: no streaming form")
+
+    def lag(self) -> int:
+        return self.right
+
+    def prime_len(self, m: int) -> int:
+        if m < self.right:
+            raise _TooShort
+        return m - self.right
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        self._prime_state(x, states, pad="zeros")
+        out: Tensor = self.conv(x)
+        return out[..., : x.shape[-1] - self.right]
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        buffer = self._buffer(x, states)
+        self._keep(buffer, states)
+        return self.conv.convolve(buffer, (0, 0))
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        return self.conv.convolve(self._buffer(x, states), (0, self.conv.pad_right))
+
+
+class ConvTranspose(Stateful):
+    """A transposed convolution (stride ``s``, kernel ``k``, ``crop`` leading outputs cropped).
+
+    A new input ``i`` touches outputs ``i*s .. i*s + k - 1`` (before the crop), so the outputs of the new
+    inputs are complete once the previous ``floor((k-1)/s)`` inputs are kept; the crop is the lag.
+    """
+
+    def __init__(self, conv: CausalConvTranspose1d | PaddedConvTranspose1d) -> None:
+        self.conv = conv
+        self.channels = conv.in_channels
+        kernel, self.stride = conv.kernel_size[0], conv.stride[0]
+        self.up = self.stride
+        self.state_len = (kernel - 1) // self.stride
+        self.crop = int(conv.padding[0]) if isinstance(conv, PaddedConvTranspose1d) else 0
+        if self.state_len * self.stride < self.crop:
+            raise CodecError(f"{conv} crops more than its kept inputs produce: no streaming form")
+
+    def lag(self) -> int:
+        return self.crop
+
+    def prime_len(self, m: int) -> int:
+        return m * self.stride - self.crop
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        self._prime_state(x, states, pad="zeros")
+        out: Tensor = self.conv(x)
+        return out[..., : x.shape[-1] * self.stride - self.crop]
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        buffer = self._buffer(x, states)
+        self._keep(buffer, states)
+        start = self.state_len * self.stride - self.crop
+        out: Tensor = self.conv(buffer)
+        return out[..., start : start + x.shape[-1] * self.stride]
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        out: Tensor = self.conv(self._buffer(x, states))
+        return out[..., self.state_len * self.stride - self.crop :]
+
+
+class Delay(Stateful):
+    """A delay line of ``length`` samples: aligns a branch with a slower one."""
+
+    def __init__(self, channels: int, length: int) -> None:
+        self.channels = channels
+        self.state_len = length
+
+    def lag(self) -> int:
+        return self.state_len
+
+    def prime_len(self, m: int) -> int:
+        if m < self.state_len:
+            raise _TooShort
+        return m - self.state_len
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        self._keep(x, states)
+        return x[..., : x.shape[-1] - self.state_len]
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        buffer = self._buffer(x, states)
+        self._keep(buffer, states)
+        return buffer[..., : x.shape[-1]]
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        return self._buffer(x, states)
+
+
+class Seq(Node):
+    """Nodes applied in order."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = list(nodes)
+        self.up = 1
+        for node in self.nodes:
+            self.up *= node.up
+
+    def lag(self) -> int:
+        lag = 0
+        for node in self.nodes:
+            lag = lag * node.up + node.lag()
+        return lag
+
+    def prime_len(self, m: int) -> int:
+        for node in self.nodes:
+            m = node.prime_len(m)
+        return m
+
+    def leaves(self) -> list[Stateful]:
+        return [leaf for node in self.nodes for leaf in node.leaves()]
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        for node in self.nodes:
+            x = node.prime(x, states)
+        return x
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        for node in self.nodes:
+            x = node.step(x, states)
+        return x
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        for node in self.nodes:
+            x = node.flush(x, states)
+        return x
+
+
+class _Parallel(Node):
+    """Rate-preserving branches over one input, each delayed to the slowest branch's lag."""
+
+    def __init__(self, branches: Sequence[Node], channels: int) -> None:
+        if any(b.up != 1 for b in branches):
+            raise CodecError("parallel branches must keep the sample rate")
+        slowest = max(b.lag() for b in branches)
+        self.branches = [
+            Seq([b, Delay(channels, slowest - b.lag())]) if b.lag() < slowest else b for b in branches
+        ]
+
+    def lag(self) -> int:
+        return self.branches[0].lag()
+
+    def prime_len(self, m: int) -> int:
+        lengths = {b.prime_len(m) for b in self.branches}
+        assert len(lengths) == 1, "aligned branches give equal prime lengths"
+        return lengths.pop()
+
+    def leaves(self) -> list[Stateful]:
+        return [leaf for b in self.branches for leaf in b.leaves()]
+
+    @abc.abstractmethod
+    def combine(self, outs: list[Tensor]) -> Tensor: ...
+
+    def prime(self, x: Tensor, states: _States) -> Tensor:
+        return self.combine([b.prime(x, states) for b in self.branches])
+
+    def step(self, x: Tensor, states: _States) -> Tensor:
+        return self.combine([b.step(x, states) for b in self.branches])
+
+    def flush(self, x: Tensor, states: _States) -> Tensor:
+        return self.combine([b.flush(x, states) for b in self.branches])
+
+
+class Residual(_Parallel):
+    """``branch(x) + x``, the identity path delayed by the branch's lag (the order families add in)."""
+
+    def __init__(self, branch: Node, channels: int, *, identity_first: bool = False) -> None:
+        super().__init__([branch, Seq([])], channels)
+        self.identity_first = identity_first
+
+    def combine(self, outs: list[Tensor]) -> Tensor:
+        branch, identity = outs
+        return identity + branch if self.identity_first else branch + identity
+
+
+class Mean(_Parallel):
+    """``(b0(x) + b1(x) + ...) / len``, summed left to right as the families do."""
+
+    def combine(self, outs: list[Tensor]) -> Tensor:
+        total = outs[0]
+        for out in outs[1:]:
+            total = total + out
+        return total / len(outs)
+
+
+def _act_channels(act: AliasFreeActivation) -> int:
+    return int(act.act.alpha.numel())
+
+
+def layout_of(module: nn.Module) -> Node:
+    """The streaming node tree of ``module``: families describe composites with ``stream_layout()``."""
+    own = getattr(module, "stream_layout", None)
+    if callable(own):
+        node: Node = own()
+        return node
+    if isinstance(module, GeoSequential):
+        return Seq([layout_of(child) for child in module])
+    if isinstance(module, PaddedConv1d):
+        return Conv(module)
+    if isinstance(module, CausalConvTranspose1d | PaddedConvTranspose1d):
+        return ConvTranspose(module)
+    if isinstance(module, AliasFreeActivation):
+        lo, hi = module.input_interval(0, 0)
+        return Leaf(module, _act_channels(module), (-lo, hi))
+    if isinstance(module, SnakeBeta | Pointwise):
+        return Stateless(module)
+    raise CodecError(
+        f"{type(module).__name__} has no streaming form: stateful mode does not support this decoder; "
+        "use mode='halo'"
+    )
+
+
+def supports_stateful(codec: nn.Module) -> bool:
+    """Whether ``codec`` describes its layers for stateful streaming (every built-in family does)."""
+    try:
+        layout_of(codec)
+    except CodecError:
+        return False
+    return True
+
+
+class StatefulNet:
+    """A codec's streaming twin: prime, step and flush on normalised latents ``[B, T, latent_dim]``.
+
+    ``right_frames`` is how many latent frames the audio trails the input by (a step of ``n`` frames
+    yields ``n`` frames of audio); ``min_prime_frames`` the fewest frames a stream's first call takes.
+    """
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.hop = codec.hop_size
+        body = layout_of(codec)
+        if body.up != self.hop:
+            raise CodecError(f"streaming layout upsamples by {body.up}, but the codec's hop is {self.hop}")
+        lag = body.lag()
+        self.right_frames = -(-lag // self.hop)
+        tail = self.right_frames * self.hop - lag
+        channels = codec.channels
+        self.body = Seq([body, Delay(channels, tail)]) if tail else body
+        self.leaves = self.body.leaves()
+        for i, leaf in enumerate(self.leaves):
+            leaf.index = i
+        self.min_prime_frames = self._min_prime()
+        self.specs = [StateSpec(leaf.channels, leaf.state_len) for leaf in self.leaves]
+
+    def _min_prime(self) -> int:
+        frames = self.right_frames + 1
+        while True:
+            try:
+                self.body.prime_len(frames)
+            except _TooShort:
+                frames += 1
+                continue
+            return frames
+
+    def state_bytes(self, dtype: torch.dtype = torch.float32) -> int:
+        """Device memory one stream's state takes."""
+        size = torch.empty(0, dtype=dtype).element_size()
+        return sum(s.channels * s.length for s in self.specs) * size
+
+    def _input(self, z: Tensor) -> Tensor:  # [B, T, D] normalised -> [B, D, T] denormalised
+        param = self.codec.global_mean
+        return self.codec.denormalize(z.to(device=param.device, dtype=param.dtype)).transpose(1, 2)
+
+    def prime(self, z: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """First ``T >= min_prime_frames`` frames -> audio of frames ``0 .. T - right_frames`` and the state."""
+        if z.shape[1] < self.min_prime_frames:
+            raise CodecError(f"a prime needs >= {self.min_prime_frames} frames, got {z.shape[1]}")
+        states = _States(None, len(self.leaves))
+        audio = self.body.prime(self._input(z), states).float()
+        return audio, [s for s in states.outputs if s is not None]
+
+    def step(self, z: Tensor, states: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """``T`` more frames -> ``T`` frames of audio (trailing by ``right_frames``) and the new state."""
+        io = _States(states, len(self.leaves))
+        audio = self.body.step(self._input(z), io).float()
+        return audio, [s for s in io.outputs if s is not None]
+
+    def flush(self, z: Tensor, states: Sequence[Tensor]) -> Tensor:
+        """The last ``T >= 0`` frames -> the stream's remaining ``T + right_frames`` frames of audio."""
+        io = _States(states, len(self.leaves))
+        out = self.body.flush(self._input(z), io)
+        # Odd-stride families (DAC 24/16 kHz) end a few samples short of whole frames, and pad with zeros.
+        want = (z.shape[1] + self.right_frames) * self.hop
+        return F.pad(out, (0, want - out.shape[-1])).float()
