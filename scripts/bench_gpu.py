@@ -36,7 +36,7 @@ from streamdec.bench.stats import median_ms
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.base import WindowRequest
-from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.core import DecodeEngine
 from streamdec.engine.graphs import GraphTiers, TierOptions, static_forward
 from streamdec.engine.scheduler import BucketKey
 
@@ -245,7 +245,7 @@ class Bench(ResultFile):
         """Submit-to-result latency of one window (thread vs poll completion), and batched throughput."""
         frames = self.args.windows[0]
         for completion in ("thread", "poll"):
-            engine = CudaGraphEngine(self.codec, compile=False, batch_buckets=(1,), completion=completion)
+            engine = DecodeEngine(self.codec, compile=False, batch_buckets=(1,), completion=completion)
             await engine.warmup((frames,))
             replay = engine.tiers.buckets[BucketKey(1, frames)].replay_ms
             lat = []
@@ -267,7 +267,7 @@ class Bench(ResultFile):
 
     async def engine_throughput(self) -> None:
         frames, n = self.args.throughput_window, self.args.throughput_streams
-        engine = CudaGraphEngine(self.codec, compile=False, batch_buckets=(1, 16, 64))
+        engine = DecodeEngine(self.codec, compile=False, batch_buckets=(1, 16, 64))
         report = await engine.warmup((frames,))
         reqs = [WindowRequest(i, self.inputs(1, frames, 500 + i)[0].cpu(), 52, frames - 59) for i in range(n)]
         await asyncio.gather(*(engine.decode_window(r) for r in reqs))  # warm pinned buffers

@@ -13,7 +13,8 @@
     │   └── StreamEndedError   a chunk fed after the stream ended
     ├── EngineError            the decode engine failed or was used after it closed
     │   ├── EngineClosedError  submit after ``aclose()``
-    │   └── CaptureFrozenError a new graph capture was needed after ``freeze()``
+    │   ├── CaptureFrozenError a new graph capture was needed after ``freeze()``
+    │   └── TooManyStreamsError every stateful stream slot is taken (``max_streams``)
     └── ProtocolError          a wire message that breaks protocol v1; carries the wire ``code``
         └── ServerError        an ``error`` message a server sent to a client (client library)
 
@@ -38,6 +39,7 @@ __all__ = [
     "ShapeError",
     "StreamEndedError",
     "StreamdecError",
+    "TooManyStreamsError",
 ]
 
 
@@ -87,6 +89,10 @@ class EngineClosedError(EngineError):
 
 class CaptureFrozenError(EngineError):
     """A new CUDA graph capture was needed after the engine was frozen."""
+
+
+class TooManyStreamsError(EngineError):
+    """A new stream found every stateful slot taken: it is refused, never queued."""
 
 
 class ProtocolError(StreamdecError):

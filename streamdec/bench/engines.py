@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..engine import EagerEngine, Engine, WindowRequest
+from ..engine import DecodeEngine, Engine, WindowRequest
 from ..errors import ConfigError
 
 __all__ = ["TIERS", "decode_timed", "engine_label", "make_engine"]
@@ -31,10 +31,8 @@ def make_engine(codec: Any, tier: str, batch_buckets: Iterable[int] = (1,), max_
     if not cuda:
         if tier != "eager":
             raise ConfigError(f"tier {tier!r} needs a CUDA device; on {codec.pad_latent.device} use 'eager'")
-        return EagerEngine(codec, max_batch=max_batch)
-    from ..engine.cuda import CudaGraphEngine
-
-    return CudaGraphEngine(
+        return DecodeEngine(codec, batch_buckets=_up_to(max_batch), graphs=False)
+    return DecodeEngine(
         codec,
         batch_buckets=tuple(batch_buckets),
         graphs=tier != "eager",
@@ -67,3 +65,13 @@ async def decode_timed(
             break
         await asyncio.sleep(0.0005)
     return wall, max(0.0, after - before)
+
+
+def _up_to(largest: int) -> tuple[int, ...]:
+    """Powers of two up to ``largest``, and ``largest`` itself: the batch buckets of a CPU engine."""
+    sizes = {largest}
+    size = 1
+    while size < largest:
+        sizes.add(size)
+        size *= 2
+    return tuple(sorted(sizes))

@@ -1,10 +1,12 @@
-"""Decode engines: where planned windows become audio.
+"""The decode engine: where planned windows and stateful calls become audio.
 
-* :mod:`.base`  - the interface every engine implements (submit a window, await its emitted audio)
-* :mod:`.eager` - plain PyTorch calls on a worker thread (CPU, or any device without graphs)
-* :mod:`.cuda`  - CUDA graph replay with a cross-stream scheduler (codec on a CUDA device)
+* :mod:`.base`      - the interface (submit a window or a stateful call, await its audio)
+* :mod:`.core`      - the engine: one scheduler, graph tiers on a GPU, the eager tier on a CPU
+* :mod:`.scheduler` - pure cross-stream batch packing
+* :mod:`.graphs`    - compiled and plain CUDA graphs, captured once and replayed
+* :mod:`.slots`     - the device pool of per-stream layer state (stateful mode)
 
-:func:`create_engine` picks one from the codec's device.
+:func:`create_engine` builds the engine for a codec.
 """
 
 from __future__ import annotations
@@ -12,20 +14,26 @@ from __future__ import annotations
 from typing import Any
 
 from ..codecs import Codec
-from .base import Engine, EngineStats, WarmupReport, WindowRequest
-from .eager import EagerEngine
+from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
+from .core import DecodeEngine
 
-__all__ = ["EagerEngine", "Engine", "EngineStats", "WarmupReport", "WindowRequest", "create_engine"]
+__all__ = [
+    "DecodeEngine",
+    "Engine",
+    "EngineStats",
+    "StepRequest",
+    "WarmupReport",
+    "WindowRequest",
+    "create_engine",
+]
 
 
 def create_engine(codec: Codec, **options: Any) -> Engine:
-    """The engine for ``codec``'s device: CUDA graphs on a GPU, the eager worker elsewhere.
+    """The engine for ``codec``: CUDA graphs on a GPU, the eager tier elsewhere.
 
-    ``options`` go to the engine's constructor; ``eager=True`` forces the eager engine on any device.
+    ``options`` go to :class:`DecodeEngine` (an unknown one is a ``TypeError``); ``eager=True`` turns
+    graphs off on any device.
     """
-    eager = bool(options.pop("eager", False))
-    if codec.pad_latent.device.type == "cuda" and not eager:
-        from .cuda import CudaGraphEngine  # imported lazily: nothing CUDA-specific loads on CPU hosts
-
-        return CudaGraphEngine(codec, **options)
-    return EagerEngine(codec, **{k: v for k, v in options.items() if k in {"max_batch", "threads"}})
+    if options.pop("eager", False):
+        options["graphs"] = False
+    return DecodeEngine(codec, **options)

@@ -20,10 +20,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-__all__ = ["Engine", "EngineStats", "WarmupReport", "WindowRequest"]
+from ..errors import EngineError
+
+__all__ = ["Engine", "EngineStats", "StepKind", "StepRequest", "WarmupReport", "WindowRequest"]
+
+StepKind = Literal["prime", "step", "flush"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +43,26 @@ class WindowRequest:
 
     @property
     def window_frames(self) -> int:
+        return int(self.latents.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class StepRequest:
+    """One stateful call of one stream (its ``slot``): the stream's next latents, decoded once.
+
+    ``prime`` takes a stream's first frames and returns the audio of all but its last ``right_frames``;
+    ``step`` returns as many frames of audio as it takes, ``right_frames`` behind; ``flush`` (the stream's
+    last frames, possibly none) returns everything that is left: its frames plus ``right_frames``.
+    """
+
+    stream_id: int
+    slot: int
+    kind: StepKind
+    latents: torch.Tensor  # [frames, latent_dim], CPU
+    deadline: float = 0.0
+
+    @property
+    def frames(self) -> int:
         return int(self.latents.shape[0])
 
 
@@ -57,9 +82,9 @@ class WarmupReport:
 class EngineStats:
     """Counters an engine keeps; read them, never write them from outside."""
 
-    windows: int = 0  # windows decoded
+    windows: int = 0  # windows and stateful calls decoded
     decodes: int = 0  # device calls (one call may hold many windows)
-    frames: int = 0  # window frames decoded (halo included)
+    frames: int = 0  # latent frames decoded (a halo window's halo included; a stateful frame once)
     decode_seconds: float = 0.0  # wall time spent in device calls
     cancelled: int = 0  # windows withdrawn before they were decoded
     queued: int = 0  # windows waiting right now
@@ -86,6 +111,25 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def decode_window(self, request: WindowRequest) -> torch.Tensor:
         """Decode one window and return its emitted slice ``[channels, emit_frames * hop]``."""
+
+    #: stateful stream slots (``max_streams``), or 0 where the engine keeps no per-stream state
+    max_streams: int = 0
+
+    def open_slot(self) -> int:
+        """Reserve a stateful stream slot; :class:`~streamdec.errors.TooManyStreamsError` when all are taken."""
+        raise EngineError("this engine keeps no per-stream state: use mode='halo'")
+
+    def close_slot(self, slot: int) -> None:
+        """Give a slot back: its stream's queued calls are withdrawn by their callers first."""
+        raise EngineError("this engine keeps no per-stream state")
+
+    async def decode_step(self, request: StepRequest) -> torch.Tensor:
+        """Decode one stateful call and return its audio ``[channels, frames * hop]`` (see StepRequest)."""
+        raise EngineError("this engine keeps no per-stream state: use mode='halo'")
+
+    async def warmup_steps(self, keys: tuple[tuple[str, int], ...]) -> WarmupReport:
+        """Prepare every stateful call shape ``(kind, frames)`` at every batch bucket."""
+        raise EngineError("this engine keeps no per-stream state: use mode='halo'")
 
     def freeze(self) -> None:  # noqa: B027 - a deliberate no-op default: engines without graphs ignore it
         """After warm-up: a shape that would need a new compile or capture is an error (or a counted

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..errors import CaptureFrozenError, ConfigError
 from .scheduler import BucketKey
+from .slots import StatePool
 
 __all__ = ["CapturedGraph", "Forward", "GraphTiers", "TierOptions", "env_flag", "static_forward"]
 
@@ -68,7 +69,7 @@ def static_forward(codec: Any) -> Forward:
 
 @dataclass(frozen=True)
 class TierOptions:
-    """Validated tier settings; see :class:`~streamdec.engine.cuda.CudaGraphEngine` for their meaning."""
+    """Validated tier settings; see :class:`~streamdec.engine.core.DecodeEngine` for their meaning."""
 
     graphs: bool = True
     compile: bool = True
@@ -100,6 +101,7 @@ class CapturedGraph:
     static_out: Tensor  # [batch, channels, frames * hop] float32 on the device
     generation: int  # -1 for the permanent bucket pool
     replay_ms: float | None = None
+    static_slots: Tensor | None = None  # [batch] int64 state slots of a stateful call (kind != "window")
 
 
 @dataclass(eq=False)
@@ -131,6 +133,7 @@ class GraphTiers:
         self.pad_latent = pad_latent
         self.options = options
         self.frozen = False
+        self.state: StatePool | None = None  # the stateful streams' pool, where the engine keeps one
         self.buckets: dict[BucketKey, CapturedGraph] = {}
         self.failed: list[BucketKey] = []
         self.retired_generations = 0
@@ -190,8 +193,8 @@ class GraphTiers:
         """Compile and/or capture every key into the bucket pool, largest first; returns notes."""
         notes: list[str] = []
         if not self.graphs_enabled:
-            for frames in sorted({k.frames for k in keys}):
-                self._run_eager_once(BucketKey(1, frames))
+            for kind, frames in sorted({(k.kind, k.frames) for k in keys}):
+                self._run_eager_once(BucketKey(1, frames, kind))
             return ["graphs off: eager decode warmed only"]
         if self._bucket_pool is None:
             self._bucket_pool = torch.cuda.graph_pool_handle()
@@ -205,7 +208,7 @@ class GraphTiers:
         return notes
 
     def _warm_one(self, key: BucketKey, notes: list[str]) -> CapturedGraph | None:
-        if self.options.compile:
+        if self.options.compile and key.kind == "window":
             try:
                 began = time.perf_counter()
                 graph = self._capture(key, self._compiled_forward(), "compiled", self._bucket_pool, -1)
@@ -218,7 +221,7 @@ class GraphTiers:
                 notes.append(f"compiled {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
                 self.failed.append(key)
         try:
-            return self._capture(key, self.forward, "graph", self._bucket_pool, -1)
+            return self._capture(key, None, "graph", self._bucket_pool, -1)
         except Exception as exc:
             log.warning("plain capture of bucket %s failed (%s); it decodes eagerly", key, exc)
             notes.append(f"graph {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
@@ -245,7 +248,7 @@ class GraphTiers:
             index = self.retired_generations + (1 if self._generation is None else 0)
             gen = self._generation = _Generation(index, torch.cuda.graph_pool_handle())
         try:
-            graph = self._capture(key, self.forward, "graph", gen.pool, gen.index)
+            graph = self._capture(key, None, "graph", gen.pool, gen.index)
         except Exception as exc:
             log.warning("capture of %s failed (%s); decoding it eagerly", key, exc)
             self.failed.append(key)
@@ -275,9 +278,15 @@ class GraphTiers:
         x = torch.randn(key.batch, key.frames, self.latent_dim, generator=gen, dtype=torch.float32)
         return x.to(device=self.device, dtype=self.dtype)
 
-    def _capture(self, key: BucketKey, fn: Forward, tier: str, pool: Any, generation: int) -> CapturedGraph:
+    def _capture(
+        self, key: BucketKey, fn: Forward | None, tier: str, pool: Any, generation: int
+    ) -> CapturedGraph:
+        """Capture ``fn`` (None: the plain call for ``key``'s kind) on a static input of ``key``'s shape."""
         assert self.stream is not None
         with self._dynamo_config(), torch.cuda.stream(self.stream):
+            static_slots = None
+            if fn is None:
+                fn, static_slots = self._plain_call(key)
             static_in = self.random_input(key)  # random, never zeros: a bad capture must show in the output
             if tier == "compiled":
                 self._mark_dynamic(static_in)
@@ -293,7 +302,7 @@ class GraphTiers:
                     static_out = fn(static_in)
             finally:
                 self._capturing = False
-            captured = CapturedGraph(key, tier, graph, static_in, static_out, generation)
+            captured = CapturedGraph(key, tier, graph, static_in, static_out, generation, None, static_slots)
             captured.replay_ms = self._time_replay(captured)
         return captured
 
@@ -333,10 +342,34 @@ class GraphTiers:
         with torch._dynamo.config.patch(**patch):
             yield
 
+    def _plain_call(self, key: BucketKey) -> tuple[Forward, Tensor | None]:
+        """The uncompiled call for ``key``; a stateful call reads its slots from a static index tensor
+        that the graph keeps (every row the scratch slot until a replay writes the real ones)."""
+        if key.kind == "window":
+            return self.forward, None
+        pool = self._state_pool()
+        slots = torch.full((key.batch,), pool.scratch, dtype=torch.int64, device=self.device)
+        call = pool.fn(key.kind)
+        return (lambda z: call(slots, z)), slots
+
+    def _state_pool(self) -> StatePool:
+        if self.state is None:
+            raise ConfigError("a stateful call on an engine built without max_streams: use mode='halo'")
+        return self.state
+
     def _run_eager_once(self, key: BucketKey) -> None:
         with torch.inference_mode():
-            self.forward(self.random_input(key))
+            if key.kind == "window":
+                self.forward(self.random_input(key))
+            else:
+                pool = self._state_pool()
+                slots = torch.full((key.batch,), pool.scratch, dtype=torch.int64, device=self.device)
+                pool.fn(key.kind)(slots, self.random_input(key))
 
     def eager(self, x: Tensor) -> Tensor:
         """Tier 3: the plain decode of ``x`` ``[B, T, D]`` on the current stream."""
         return self.forward(x)
+
+    def eager_call(self, kind: str, slots: Tensor, x: Tensor) -> Tensor:
+        """Tier 3 of a stateful call: ``x`` ``[B, T, D]`` for the streams in ``slots`` ``[B]``."""
+        return self._state_pool().fn(kind)(slots, x)

@@ -1,8 +1,8 @@
 """Cross-stream batch packing for the GPU engine: pure bookkeeping, no torch, no CUDA, no I/O.
 
-Every stream's ready windows land in one :class:`Scheduler`. A replay decodes one *bucket*, a
-``(batch, frames)`` shape for which a graph exists, so windows can share a replay only when they have the
-same length. :meth:`Scheduler.pop_batch` picks what to replay next:
+Every stream's ready work lands in one :class:`Scheduler`. A replay decodes one *bucket*, a
+``(batch, frames, kind)`` shape for which a graph exists, so work can share a replay only when it has the
+same length and kind: a halo ``window``, or a stateful ``prime``, ``step`` or ``flush`` of slotted streams. :meth:`Scheduler.pop_batch` picks what to replay next:
 
 1. the frames group holding the most urgent window (earliest ``deadline``; ties go to the oldest);
 2. how many of that group's windows to take, and into which batch bucket, by covering the whole group
@@ -13,7 +13,7 @@ same length. :meth:`Scheduler.pop_batch` picks what to replay next:
 Only the first replay of the cover is popped: by the time the device is ready for another, more windows
 may have arrived and the cover is planned again.
 
-Cost model: ``cost(batch, frames)`` is any positive number proportional to replay time. The engine feeds
+Cost model: ``cost(key)`` is any positive number proportional to replay time. The engine feeds
 measured replay times from warm-up; without them :func:`linear_cost` assumes a fixed launch overhead of a
 few rows plus a per-row term, which is how a decoder behaves once it fills the GPU. Smallest-fitting
 greedy (as a budget-bucketed encoder graph manager packs) is the special case ``cost(b) = b``.
@@ -21,7 +21,6 @@ greedy (as a budget-bucketed encoder graph manager packs) is the special case ``
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
@@ -44,14 +43,17 @@ __all__ = [
 DEFAULT_BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 T = TypeVar("T")
-CostFn = Callable[[int, int], float]  # (batch, frames) -> relative replay time
 
 
 class BucketKey(NamedTuple):
-    """The shape of one graph: ``batch`` rows of ``frames`` latent frames."""
+    """The shape of one graph: ``batch`` rows of ``frames`` latent frames of one ``kind`` of work."""
 
     batch: int
     frames: int
+    kind: str = "window"  # "window" (halo) or a stateful "prime", "step" or "flush"
+
+
+CostFn = Callable[[BucketKey], float]  # relative replay time of one bucket
 
 
 def normalise_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
@@ -69,8 +71,8 @@ def linear_cost(overhead_rows: float = 4.0) -> CostFn:
     if overhead_rows < 0:
         raise ConfigError(f"overhead_rows must be >= 0, got {overhead_rows}")
 
-    def cost(batch: int, frames: int) -> float:
-        return float(frames) * (batch + overhead_rows)
+    def cost(key: BucketKey) -> float:
+        return float(key.frames) * (key.batch + overhead_rows)
 
     return cost
 
@@ -103,10 +105,10 @@ def plan_cover(count: int, buckets: Sequence[int], cost: Callable[[int], float])
 
 @dataclass(eq=False)
 class Ticket(Generic[T]):
-    """One queued window: its payload, length and urgency. ``cancel()`` withdraws it."""
+    """One queued piece of work: its payload, group and urgency. ``cancel()`` withdraws it."""
 
     payload: T
-    frames: int
+    group: tuple[str, int]  # (kind, frames): what may share a replay
     deadline: float
     seq: int
     cancelled: bool = field(default=False, init=False)
@@ -130,18 +132,19 @@ class Scheduler(Generic[T]):
         self.cost: CostFn = cost if cost is not None else linear_cost()
         # Planning looks at most this many windows of one group (bounds the dynamic programme).
         self.max_cover_windows = max_cover_windows or 4 * self.batch_buckets[-1]
-        self._groups: dict[int, list[tuple[float, int, Ticket[T]]]] = {}
-        self._live: dict[int, int] = {}  # frames -> live tickets in that group
+        self._groups: dict[tuple[str, int], list[tuple[float, int, Ticket[T]]]] = {}
+        self._live: dict[tuple[str, int], int] = {}  # (kind, frames) -> live tickets in that group
         self._seq = itertools.count()
         self.pending = 0
 
-    def push(self, payload: T, frames: int, deadline: float) -> Ticket[T]:
-        """Queue one window of ``frames`` latent frames due at ``deadline`` (smaller is more urgent)."""
-        if frames < 1:
-            raise ConfigError(f"a window needs at least 1 frame, got {frames}")
-        ticket = Ticket(payload, frames, float(deadline), next(self._seq))
-        heapq.heappush(self._groups.setdefault(frames, []), (ticket.deadline, ticket.seq, ticket))
-        self._live[frames] = self._live.get(frames, 0) + 1
+    def push(self, payload: T, frames: int, deadline: float, kind: str = "window") -> Ticket[T]:
+        """Queue work of ``frames`` latent frames due at ``deadline`` (smaller is more urgent)."""
+        if frames < (0 if kind == "flush" else 1):
+            raise ConfigError(f"a {kind} needs at least 1 frame, got {frames}")
+        group = (kind, frames)
+        ticket = Ticket(payload, group, float(deadline), next(self._seq))
+        heapq.heappush(self._groups.setdefault(group, []), (ticket.deadline, ticket.seq, ticket))
+        self._live[group] = self._live.get(group, 0) + 1
         self.pending += 1
         return ticket
 
@@ -150,38 +153,36 @@ class Scheduler(Generic[T]):
         if ticket.cancelled or ticket.seq < 0:
             return False
         ticket.cancelled = True
-        self._live[ticket.frames] -= 1
+        self._live[ticket.group] -= 1
         self.pending -= 1
-        self._prune(ticket.frames)
+        self._prune(ticket.group)
         return True
 
     def pop_batch(self) -> tuple[BucketKey, list[T]] | None:
         """The next bucket and its payloads (most urgent first), or None when nothing is queued."""
-        frames = self._most_urgent_group()
-        if frames is None:
+        group = self._most_urgent_group()
+        if group is None:
             return None
-        live = self._live[frames]
+        kind, frames = group
+        live = self._live[group]
         cover = plan_cover(
-            min(live, self.max_cover_windows), self.batch_buckets, lambda b: self.cost(b, frames)
+            min(live, self.max_cover_windows),
+            self.batch_buckets,
+            lambda b: self.cost(BucketKey(b, frames, kind)),
         )
         batch = cover[0]
         taken: list[T] = []
-        heap = self._groups[frames]
+        heap = self._groups[group]
         while heap and len(taken) < batch:
             _, _, ticket = heapq.heappop(heap)
             if ticket.cancelled:
                 continue
             ticket.seq = -1  # popped: a later cancel() is a no-op
             taken.append(ticket.payload)
-        self._live[frames] -= len(taken)
+        self._live[group] -= len(taken)
         self.pending -= len(taken)
-        self._prune(frames)
-        return BucketKey(batch, frames), taken
-
-    def bucket_for(self, count: int) -> int | None:
-        """Smallest batch bucket holding ``count`` rows, or None when ``count`` exceeds the largest."""
-        i = bisect.bisect_left(self.batch_buckets, count)
-        return self.batch_buckets[i] if i < len(self.batch_buckets) else None
+        self._prune(group)
+        return BucketKey(batch, frames, kind), taken
 
     def drain(self) -> list[T]:
         """Remove and return every live payload (engine shutdown)."""
@@ -191,18 +192,18 @@ class Scheduler(Generic[T]):
         self.pending = 0
         return out
 
-    def _most_urgent_group(self) -> int | None:
+    def _most_urgent_group(self) -> tuple[str, int] | None:
         best: tuple[float, int] | None = None
-        frames_best = None
-        for frames, heap in self._groups.items():
+        group_best = None
+        for group, heap in self._groups.items():
             while heap and heap[0][2].cancelled:
                 heapq.heappop(heap)
             if heap and (best is None or heap[0][:2] < best):
-                best, frames_best = heap[0][:2], frames
-        return frames_best
+                best, group_best = heap[0][:2], group
+        return group_best
 
-    def _prune(self, frames: int) -> None:
+    def _prune(self, group: tuple[str, int]) -> None:
         # Drop a group whose every ticket is gone, so no memory grows with the number of lengths seen.
-        if self._live.get(frames, 0) == 0:
-            self._groups.pop(frames, None)
-            self._live.pop(frames, None)
+        if self._live.get(group, 0) == 0:
+            self._groups.pop(group, None)
+            self._live.pop(group, None)

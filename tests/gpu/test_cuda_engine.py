@@ -18,7 +18,7 @@ import torch
 
 from streamdec.codecs import Codec, load_codec
 from streamdec.engine.base import WindowRequest
-from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.core import DecodeEngine
 from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
 from streamdec.errors import CaptureFrozenError
@@ -59,7 +59,7 @@ def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 async def test_plain_graph_equals_eager(codec: Codec) -> None:
     """A plain bucket graph replays bit-identically to the eager decode of the same batch."""
-    engine = CudaGraphEngine(codec, compile=False, batch_buckets=(1, 4))
+    engine = DecodeEngine(codec, compile=False, batch_buckets=(1, 4))
     report = await engine.warmup((70,))
     assert set(report.buckets) == {(1, 70), (4, 70)} and report.graphs == 2 and not report.failed
     graph = engine.tiers.buckets[BucketKey(4, 70)]
@@ -81,7 +81,7 @@ async def test_plain_graph_equals_eager(codec: Codec) -> None:
 @pytest.mark.filterwarnings("ignore")  # Inductor/Triton internals may warn; not the engine's warnings
 async def test_compiled_graph_matches_eager(codec: Codec) -> None:
     """A compiled bucket graph is within 1e-4 of eager and at least 70 dB SNR."""
-    engine = CudaGraphEngine(codec, compile=True, batch_buckets=(2,))
+    engine = DecodeEngine(codec, compile=True, batch_buckets=(2,))
     report = await engine.warmup((70,))
     assert report.buckets == ((2, 70),) and not report.failed, report.notes
     graph = engine.tiers.buckets[BucketKey(2, 70)]
@@ -105,7 +105,7 @@ async def test_compiled_graph_matches_eager(codec: Codec) -> None:
 @pytest.mark.parametrize("completion", ["thread", "poll"])
 async def test_32_streams_batched_match_whole_clip(codec: Codec, completion: str) -> None:
     """32 concurrent streams with random chunkings, batched together, equal each whole-clip decode."""
-    engine = CudaGraphEngine(codec, compile=False, completion=completion, batch_buckets=(1, 2, 4, 8, 16, 32))
+    engine = DecodeEngine(codec, compile=False, completion=completion, batch_buckets=(1, 2, 4, 8, 16, 32))
     rng = random.Random(7)
     async with StreamDecoder(codec, engine=engine, min_emit=4, max_emit=64) as dec:
         await dec.warmup()
@@ -136,7 +136,7 @@ async def test_32_streams_batched_match_whole_clip(codec: Codec, completion: str
 
 async def test_row_is_bit_identical_whatever_its_batch(codec: Codec) -> None:
     """In the plain tier a window's audio does not depend on the other rows or its row position."""
-    engine = CudaGraphEngine(codec, compile=False, batch_buckets=(8,))
+    engine = DecodeEngine(codec, compile=False, batch_buckets=(8,))
     await engine.warmup((70,))
     graph = engine.tiers.buckets[BucketKey(8, 70)]
     target = _latents(70, 11).cuda()
@@ -162,7 +162,7 @@ async def test_row_is_bit_identical_whatever_its_batch(codec: Codec) -> None:
 
 async def test_generation_retirement_keeps_outputs_valid(codec: Codec) -> None:
     """Ad-hoc graphs retire a whole generation at max_graphs; earlier and later outputs stay right."""
-    engine = CudaGraphEngine(codec, compile=False, max_graphs=2, batch_buckets=(1,))
+    engine = DecodeEngine(codec, compile=False, max_graphs=2, batch_buckets=(1,))
     await engine.start()
     kept = []
     for i, frames in enumerate([20, 21, 22, 23, 24, 20]):
@@ -180,14 +180,14 @@ async def test_generation_retirement_keeps_outputs_valid(codec: Codec) -> None:
 
 async def test_freeze_refuses_new_captures(codec: Codec) -> None:
     """After freeze(), a shape with no graph raises CaptureFrozenError, or decodes eagerly when asked."""
-    strict = CudaGraphEngine(codec, compile=False, batch_buckets=(1,))
+    strict = DecodeEngine(codec, compile=False, batch_buckets=(1,))
     await strict.warmup((70,))
     strict.freeze()
     assert (await strict.decode_window(WindowRequest(0, _latents(70, 1), 0, 70))).shape[-1] == 70 * 480
     with pytest.raises(CaptureFrozenError, match="frozen"):
         await strict.decode_window(WindowRequest(0, _latents(33, 1), 0, 33))
     await strict.aclose()
-    lenient = CudaGraphEngine(codec, compile=False, batch_buckets=(1,), on_frozen_miss="eager")
+    lenient = DecodeEngine(codec, compile=False, batch_buckets=(1,), on_frozen_miss="eager")
     await lenient.warmup((70,))
     lenient.freeze()
     window = _latents(33, 2)
@@ -199,7 +199,7 @@ async def test_freeze_refuses_new_captures(codec: Codec) -> None:
 
 async def test_no_memory_growth_over_1000_streams(codec: Codec) -> None:
     """1,000 streams (some dropped mid-flight) leave device memory where the first 100 left it."""
-    engine = CudaGraphEngine(codec, compile=False, batch_buckets=(1, 2, 4, 8, 16, 32, 64))
+    engine = DecodeEngine(codec, compile=False, batch_buckets=(1, 2, 4, 8, 16, 32, 64))
     rng = random.Random(3)
     async with StreamDecoder(codec, engine=engine, min_emit=4, max_emit=64) as dec:
         await dec.warmup()

@@ -15,7 +15,7 @@ import torch
 
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import Precision
-from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.core import DecodeEngine
 from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
 
@@ -92,7 +92,7 @@ async def test_split_graphs_match_eager(auk: Codec, split: Precision) -> None:
         auk.precision = split
         eager = _eager(auk, z)
         for compile in (False, True):
-            engine = CudaGraphEngine(auk, compile=compile, batch_buckets=(1,))
+            engine = DecodeEngine(auk, compile=compile, batch_buckets=(1,))
             report = await engine.warmup((70,))
             graph = engine.tiers.buckets[BucketKey(1, 70)]
             assert graph.tier == ("compiled" if compile else "graph"), report.notes

@@ -16,7 +16,7 @@ import torch
 
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import Precision
-from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.core import DecodeEngine
 from streamdec.streaming import StreamDecoder
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
@@ -32,7 +32,7 @@ def _chunks(clip: torch.Tensor, seed: int) -> Iterator[torch.Tensor]:
 
 
 async def _streams(
-    codec: Codec, engine: CudaGraphEngine, clips: list[torch.Tensor], emit: tuple[int, int]
+    codec: Codec, engine: DecodeEngine, clips: list[torch.Tensor], emit: tuple[int, int]
 ) -> list[torch.Tensor]:
     async with StreamDecoder(codec, engine=engine, min_emit=emit[0], max_emit=emit[1]) as dec:
         await dec.warmup()
@@ -58,7 +58,7 @@ def test_family_streams_on_cuda_equal_offline(name: str, compile: bool, precisio
     codec.precision = precision
     gen = torch.Generator().manual_seed(0)
     clips = [torch.randn(20 + 13 * i, codec.latent_dim, generator=gen) for i in range(8)]
-    engine = CudaGraphEngine(codec, compile=compile, batch_buckets=(1, 2, 4, 8))
+    engine = DecodeEngine(codec, compile=compile, batch_buckets=(1, 2, 4, 8))
     # Compiling costs tens of seconds per window size: the compiled variant uses one (16 emitted frames).
     outs = asyncio.run(_streams(codec, engine, clips, (16, 16) if compile else (4, 32)))
     if compile:  # a failed compile falls back to plain graphs: make sure this test measured compiled ones

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from streamdec.engine.base import WindowRequest
-from streamdec.engine.cuda import CudaGraphEngine
+from streamdec.engine.core import DecodeEngine
 from streamdec.engine.graphs import env_flag
 from streamdec.engine.scheduler import BucketKey, Scheduler, linear_cost, normalise_buckets, plan_cover
 from streamdec.errors import ConfigError, EngineClosedError, ShapeError
@@ -125,7 +125,7 @@ def test_over_full_group_takes_largest_bucket_first() -> None:
 def test_measured_cost_changes_the_choice() -> None:
     """With a cost table where batch 4 costs as much as batch 2, three windows share one replay of 4."""
     costs = {1: 1.0, 2: 1.2, 4: 1.2}
-    s: Scheduler[int] = Scheduler((1, 2, 4), cost=lambda b, f: costs[b])
+    s: Scheduler[int] = Scheduler((1, 2, 4), cost=lambda key: costs[key.batch])
     for i in range(3):
         s.push(i, 70, 0.0)
     assert s.pop_batch() == (BucketKey(4, 70), [0, 1, 2])
@@ -223,7 +223,7 @@ def _expected(codec: FakeCodec, req: WindowRequest) -> Tensor:
 async def test_cpu_engine_decodes_and_batches(completion: str) -> None:
     """Concurrent windows of many streams come back right and share device calls."""
     codec = FakeCodec()
-    engine = CudaGraphEngine(codec, completion=completion, max_inflight=1)  # type: ignore[arg-type]
+    engine = DecodeEngine(codec, completion=completion, max_inflight=1)  # type: ignore[arg-type]
     await engine.start()
     requests = [_request(12 if i % 3 else 9, i, emit_offset=i % 4) for i in range(40)]
     outs = await asyncio.gather(*(engine.decode_window(r) for r in requests))
@@ -239,7 +239,7 @@ async def test_cpu_engine_decodes_and_batches(completion: str) -> None:
 async def test_cpu_engine_cancel_frees_slot() -> None:
     """A window cancelled while queued is never decoded and counts as cancelled."""
     codec = FakeCodec()
-    engine = CudaGraphEngine(codec, max_inflight=1)  # type: ignore[arg-type]
+    engine = DecodeEngine(codec, max_inflight=1)  # type: ignore[arg-type]
     await engine.start()
     codec.gate.clear()  # the first decode holds the device thread; everything after it stays queued
     first = asyncio.ensure_future(engine.decode_window(_request(12, 1, deadline=0.0)))
@@ -259,7 +259,7 @@ async def test_cpu_engine_cancel_frees_slot() -> None:
 async def test_cpu_engine_results_are_fresh_tensors() -> None:
     """Two results of one batch share no storage."""
     codec = FakeCodec()
-    engine = CudaGraphEngine(codec)  # type: ignore[arg-type]
+    engine = DecodeEngine(codec)  # type: ignore[arg-type]
     await engine.start()
     a, b = await asyncio.gather(engine.decode_window(_request(12, 1)), engine.decode_window(_request(12, 2)))
     assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
@@ -269,7 +269,7 @@ async def test_cpu_engine_results_are_fresh_tensors() -> None:
 
 async def test_cpu_engine_rejects_bad_windows_and_closed_use() -> None:
     """Shape errors are typed; after aclose() every call raises EngineClosedError."""
-    engine = CudaGraphEngine(FakeCodec())  # type: ignore[arg-type]
+    engine = DecodeEngine(FakeCodec())  # type: ignore[arg-type]
     with pytest.raises(ShapeError, match="expected"):
         await engine.decode_window(WindowRequest(0, torch.randn(10, 7), 0, 1))
     with pytest.raises(ShapeError, match="outside"):
@@ -287,12 +287,12 @@ async def test_cpu_engine_rejects_bad_windows_and_closed_use() -> None:
 def test_engine_refuses_bad_options(kwargs: dict[str, object]) -> None:
     """Bad options fail at construction with a ConfigError naming the value."""
     with pytest.raises(ConfigError):
-        CudaGraphEngine(FakeCodec(), **kwargs)  # type: ignore[arg-type]
+        DecodeEngine(FakeCodec(), **kwargs)  # type: ignore[arg-type]
 
 
 def test_env_flags_turn_tiers_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """STREAMDEC_NO_GRAPHS / STREAMDEC_NO_COMPILE override the constructor flags."""
     monkeypatch.setenv("STREAMDEC_NO_GRAPHS", "1")
     monkeypatch.setenv("STREAMDEC_NO_COMPILE", "1")
-    engine = CudaGraphEngine(FakeCodec())  # type: ignore[arg-type]
+    engine = DecodeEngine(FakeCodec())  # type: ignore[arg-type]
     assert not engine.options.graphs and not engine.options.compile

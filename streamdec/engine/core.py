@@ -1,4 +1,10 @@
-"""The GPU engine: one scheduler for all streams, bucket CUDA graphs, a dedicated stream and thread.
+"""The engine: one scheduler for all streams, bucket CUDA graphs, a dedicated stream and thread.
+
+One class serves every device: on a GPU it replays CUDA graphs on its own stream; on a CPU the same
+queue, scheduler and completion run the eager tier. It decodes two kinds of work, both batched across
+streams: halo *windows* (:class:`~.base.WindowRequest`) and *stateful calls* of slotted streams
+(:class:`~.base.StepRequest`: prime, step, flush; their layer state lives in a device pool, see
+:mod:`.slots`).
 
 Data path of one window::
 
@@ -17,7 +23,10 @@ engine stream is ordered after the previous one's D2H copy, and users only ever 
 copy. Pinned staging buffers come from PyTorch's caching host allocator, which holds a block until the
 copy that reads or writes it has completed on the stream.
 
-On a CPU codec the same machinery runs with the eager tier and no events (used by the CPU tests).
+On a CPU codec the same machinery runs with the eager tier and no events. There the engine caps PyTorch's
+intra-op threads at ``cpu_threads`` (default: cores - 1) while it runs: the pool is process-wide, and when
+its threads fill every core each wake-up of the event loop preempts one of them while the others spin at
+the next barrier (on a 2-core machine that made a 60 ms window take 0.3 to 12 s).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -35,13 +45,15 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from ..codecs.stateful import StatefulNet
 from ..errors import ConfigError, EngineClosedError, EngineError, ShapeError
-from .base import Engine, EngineStats, WarmupReport, WindowRequest
+from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
+from .slots import SlotAllocator, StatePool
 
-__all__ = ["CudaGraphEngine"]
+__all__ = ["DecodeEngine"]
 
 log = logging.getLogger("streamdec.engine")
 R = TypeVar("R")
@@ -49,15 +61,19 @@ R = TypeVar("R")
 
 @dataclass(eq=False)
 class _Pending:
-    request: WindowRequest
+    request: WindowRequest | StepRequest
     future: asyncio.Future[torch.Tensor]
     loop: asyncio.AbstractEventLoop
 
 
-class CudaGraphEngine(Engine):
-    """Serves every stream of one codec on one device through replayed CUDA graphs.
+class DecodeEngine(Engine):
+    """Serves every stream of one codec on one device (replayed CUDA graphs on a GPU, eager on a CPU).
 
     Options (keywords):
+
+    * ``max_streams`` - stateful stream slots allocated at start (0: halo windows only). Each slot holds
+      one stream's layer state on the device; a stream beyond them is refused, never queued.
+    * ``cpu_threads`` - PyTorch intra-op threads while a CPU engine runs (default: cores - 1).
 
     * ``batch_buckets`` - batch sizes graphs are captured for (default 1, 2, 4, ..., 64).
     * ``graphs`` - use CUDA graphs at all (``STREAMDEC_NO_GRAPHS=1`` forces False).
@@ -80,6 +96,8 @@ class CudaGraphEngine(Engine):
         self,
         codec: Any,
         *,
+        max_streams: int = 0,
+        cpu_threads: int | None = None,
         batch_buckets: Iterable[int] = DEFAULT_BATCH_BUCKETS,
         graphs: bool = True,
         compile: bool = True,
@@ -97,7 +115,16 @@ class CudaGraphEngine(Engine):
             raise ConfigError(f"completion must be 'thread' or 'poll', got {completion!r}")
         if max_inflight < 1:
             raise ConfigError(f"max_inflight must be >= 1, got {max_inflight}")
+        if max_streams < 0:
+            raise ConfigError(f"max_streams must be >= 0, got {max_streams}")
+        if cpu_threads is not None and cpu_threads < 1:
+            raise ConfigError(f"cpu_threads must be >= 1, got {cpu_threads}")
         self.codec = codec
+        self.max_streams = max_streams
+        self.net = StatefulNet(codec) if max_streams else None
+        self._slots = SlotAllocator(max_streams) if max_streams else None
+        self.cpu_threads = cpu_threads if cpu_threads is not None else max(1, (os.cpu_count() or 1) - 1)
+        self._saved_threads: int | None = None
         pad = codec.pad_latent.detach()
         self.device = pad.device
         self.dtype = pad.dtype
@@ -140,6 +167,9 @@ class CudaGraphEngine(Engine):
             return
         if self.device.type == "cuda":
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        else:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(min(self._saved_threads, self.cpu_threads))
         self._tiers = GraphTiers(
             static_forward(self.codec),
             latent_dim=self.latent_dim,
@@ -149,6 +179,8 @@ class CudaGraphEngine(Engine):
             pad_latent=self.codec.pad_latent,
             options=self.options,
         )
+        if self.net is not None:
+            self._tiers.state = StatePool(self.net, self.max_streams, device=self.device, dtype=self.dtype)
         loop = asyncio.get_running_loop()
         if self.completion == "poll":
             self._completer = PollCompleter(loop, self.poll_interval)
@@ -162,6 +194,14 @@ class CudaGraphEngine(Engine):
         await self.start()
         keys = [BucketKey(b, int(f)) for f in sorted(set(window_sizes)) for b in self.batch_buckets]
         return await self._call_on_device(lambda: self._warm(keys))
+
+    async def warmup_steps(self, keys: tuple[tuple[str, int], ...]) -> WarmupReport:
+        """Capture one graph per (batch bucket, stateful call kind, frames); time each replay."""
+        if self.net is None:
+            raise EngineError("warmup_steps() on an engine without max_streams: nothing is stateful")
+        await self.start()
+        buckets = [BucketKey(b, int(f), kind) for kind, f in sorted(set(keys)) for b in self.batch_buckets]
+        return await self._call_on_device(lambda: self._warm(buckets))
 
     def freeze(self) -> None:
         """From now on a shape with no graph is an error (or a counted eager decode), never a capture."""
@@ -187,6 +227,8 @@ class CudaGraphEngine(Engine):
             await asyncio.to_thread(self._completer.close)
             if isinstance(self._completer, PollCompleter):
                 await self._completer.wait_closed()
+        if self._saved_threads is not None:
+            torch.set_num_threads(self._saved_threads)
 
     @property
     def stats(self) -> EngineStats:
@@ -203,19 +245,42 @@ class CudaGraphEngine(Engine):
     # -- requests ------------------------------------------------------------------------------------
 
     async def decode_window(self, request: WindowRequest) -> torch.Tensor:
-        if self._closed:
-            raise EngineClosedError("decode_window() after aclose(): the engine is closed")
         self._check(request)
+        return await self._submit(request, request.window_frames, "window")
+
+    async def decode_step(self, request: StepRequest) -> torch.Tensor:
+        self._check_step(request)
+        return await self._submit(request, request.frames, request.kind)
+
+    def open_slot(self) -> int:
+        if self._slots is None:
+            raise EngineError("this engine was built without max_streams: it keeps no per-stream state")
+        with self._cond:
+            return self._slots.take()
+
+    def close_slot(self, slot: int) -> None:
+        if self._slots is None:
+            raise EngineError("this engine was built without max_streams: it keeps no per-stream state")
+        with self._cond:
+            self._slots.give_back(slot)
+
+    @property
+    def open_slots(self) -> int:
+        """Slots in use right now."""
+        with self._cond:
+            return 0 if self._slots is None else self._slots.in_use
+
+    async def _submit(self, request: WindowRequest | StepRequest, frames: int, kind: str) -> torch.Tensor:
+        if self._closed:
+            raise EngineClosedError("decode after aclose(): the engine is closed")
         if self._thread is None:
             await self.start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[torch.Tensor] = loop.create_future()
         with self._cond:
             if self._closed:
-                raise EngineClosedError("decode_window() after aclose(): the engine is closed")
-            ticket = self._scheduler.push(
-                _Pending(request, future, loop), request.window_frames, request.deadline
-            )
+                raise EngineClosedError("decode after aclose(): the engine is closed")
+            ticket = self._scheduler.push(_Pending(request, future, loop), frames, request.deadline, kind)
             self._stats.queued = self._scheduler.pending
             self._cond.notify_all()
         try:
@@ -242,9 +307,26 @@ class CudaGraphEngine(Engine):
                 f"emitted frames {request.emit_offset}..{end} fall outside the window of {z.shape[0]} frames"
             )
 
-    def _cost(self, batch: int, frames: int) -> float:
-        measured = self._measured.get(BucketKey(batch, frames))
-        return measured if measured is not None else self._default_cost(batch, frames)
+    def _check_step(self, request: StepRequest) -> None:
+        net = self.net
+        if net is None:
+            raise EngineError("decode_step() on an engine without max_streams: use mode='halo'")
+        z = request.latents
+        if z.dim() != 2 or z.shape[1] != self.latent_dim:
+            raise ShapeError(
+                f"step latents have shape {tuple(z.shape)}: expected [frames, {self.latent_dim}]"
+            )
+        least = {"prime": net.min_prime_frames, "step": 1, "flush": 0}.get(request.kind)
+        if least is None:
+            raise ConfigError(f"unknown stateful call {request.kind!r}: expected 'prime', 'step' or 'flush'")
+        if z.shape[0] < least:
+            raise ShapeError(f"a {request.kind} takes at least {least} frames, got {z.shape[0]}")
+        if not 0 <= request.slot < self.max_streams:
+            raise ConfigError(f"slot {request.slot} is outside 0..{self.max_streams - 1}")
+
+    def _cost(self, key: BucketKey) -> float:
+        measured = self._measured.get(key)
+        return measured if measured is not None else self._default_cost(key)
 
     # -- device thread -------------------------------------------------------------------------------
 
@@ -337,25 +419,40 @@ class CudaGraphEngine(Engine):
             tier = "eager-frozen"
         else:
             tier = graph.tier if graph is not None else "eager"
-        lo = min(p.request.emit_offset for p in live) * self.hop
-        hi = max(p.request.emit_offset + p.request.emit_frames for p in live) * self.hop
-        waiters = [
-            Waiter(
-                p.future,
-                p.loop,
-                row,
-                p.request.emit_offset * self.hop - lo,
-                (p.request.emit_offset + p.request.emit_frames) * self.hop - lo,
-            )
-            for row, p in enumerate(live)
-        ]
+        lo, hi, waiters = self._waiters(key, live)
         if self._stream is None:
-            return self._cpu_call(live, waiters, lo, hi), tier
+            return self._cpu_call(key, live, waiters, lo, hi), tier
         return self._cuda_call(key, graph, live, waiters, lo, hi), tier
+
+    def _waiters(self, key: BucketKey, live: list[_Pending]) -> tuple[int, int, list[Waiter]]:
+        """The output columns ``lo:hi`` that travel back, and where each row's result lies in them."""
+        if key.kind != "window":  # a stateful call returns all it decodes
+            assert self.net is not None
+            frames = {"prime": -self.net.right_frames, "step": 0, "flush": self.net.right_frames}[key.kind]
+            width = (key.frames + frames) * self.hop
+            return 0, width, [Waiter(p.future, p.loop, row, 0, width) for row, p in enumerate(live)]
+        windows = [p.request for p in live]
+        assert all(isinstance(w, WindowRequest) for w in windows)
+        spans = [(w.emit_offset * self.hop, (w.emit_offset + w.emit_frames) * self.hop) for w in windows]  # type: ignore[union-attr]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        return (
+            lo,
+            hi,
+            [
+                Waiter(p.future, p.loop, row, a - lo, b - lo)
+                for row, (p, (a, b)) in enumerate(zip(live, spans, strict=True))
+            ],
+        )
+
+    def _slots_of(self, live: list[_Pending], rows: int) -> torch.Tensor:
+        """Slot index per row ``[rows]`` int64 on the host; padding rows take the pool's scratch slot."""
+        slots = torch.full((rows,), self.max_streams, dtype=torch.int64)
+        slots[: len(live)] = torch.tensor([p.request.slot for p in live], dtype=torch.int64)  # type: ignore[union-attr]
+        return slots
 
     def _stage(self, live: list[_Pending], rows: int, pin: bool) -> torch.Tensor:
         """Stacked window latents ``[rows, frames, D]`` on the host; rows past ``len(live)`` are padding."""
-        frames = live[0].request.window_frames
+        frames = int(live[0].request.latents.shape[0])
         host = torch.empty((rows, frames, self.latent_dim), dtype=torch.float32, pin_memory=pin)
         torch.stack([p.request.latents.to(torch.float32) for p in live], out=host[: len(live)])
         if rows > len(live):
@@ -377,24 +474,37 @@ class CudaGraphEngine(Engine):
         host_in = self._stage(live, rows, pin=True)
         began = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        slots = self._slots_of(live, rows).pin_memory() if key.kind != "window" else None
         with torch.cuda.stream(stream):
             began.record(stream)
             if graph is not None:
                 graph.static_in.copy_(host_in, non_blocking=True)
+                if graph.static_slots is not None and slots is not None:
+                    graph.static_slots.copy_(slots, non_blocking=True)
                 graph.graph.replay()
                 out = graph.static_out
             else:
-                out = self.tiers.eager(host_in.to(self.device, self.dtype, non_blocking=True))
+                x = host_in.to(self.device, self.dtype, non_blocking=True)
+                if slots is None:
+                    out = self.tiers.eager(x)
+                else:
+                    out = self.tiers.eager_call(key.kind, slots.to(self.device, non_blocking=True), x)
             # Only the real rows and the emitted columns travel back; the result must not alias `out`.
             host_out = torch.empty((len(live), self.channels, hi - lo), dtype=torch.float32, pin_memory=True)
             host_out.copy_(out[: len(live), :, lo:hi], non_blocking=True)
             done.record(stream)
         return Inflight(host_out, waiters, done, began, on_finish=self._finished)
 
-    def _cpu_call(self, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int) -> Inflight:
+    def _cpu_call(
+        self, key: BucketKey, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int
+    ) -> Inflight:
         began = time.perf_counter()
         x = self._stage(live, len(live), pin=False).to(self.dtype)
-        out = self.tiers.eager(x)[:, :, lo:hi].to("cpu", torch.float32, copy=True)
+        if key.kind == "window":
+            decoded = self.tiers.eager(x)
+        else:
+            decoded = self.tiers.eager_call(key.kind, self._slots_of(live, len(live)), x)
+        out = decoded[:, :, lo:hi].to("cpu", torch.float32, copy=True)
         item = Inflight(out, waiters, None, None, on_finish=self._finished)
         item.extra["seconds"] = time.perf_counter() - began
         return item
@@ -429,7 +539,7 @@ class CudaGraphEngine(Engine):
             seconds=time.perf_counter() - began,
             graphs=tiers.graph_count - graphs_before,
             graph_memory_bytes=max(0, memory),
-            buckets=tuple((k.batch, k.frames) for k in warmed) if warmed else tuple(keys),
+            buckets=tuple((k.batch, k.frames) for k in (warmed or keys)),
             failed=tuple((k.batch, k.frames) for k in failed),
             notes=tuple(notes),
         )
@@ -439,11 +549,14 @@ class CudaGraphEngine(Engine):
     async def replay_ms(self) -> dict[tuple[int, int], tuple[str, float | None]]:
         """Measured replay time and tier of every bucket graph, keyed ``(batch, frames)``."""
         tiers = self.tiers
-        return {(k.batch, k.frames): (g.tier, g.replay_ms) for k, g in tiers.buckets.items()}
+        return {
+            (k.batch, k.frames): (g.tier, g.replay_ms) for k, g in tiers.buckets.items() if k.kind == "window"
+        }
 
-    async def retire_generation(self) -> None:
-        """Retire the ad-hoc graph generation now (normally done when ``max_graphs`` is reached)."""
-        await self._call_on_device(self.tiers.retire_generation)
+    def state_memory_bytes(self) -> int:
+        """Device memory of the stateful slot pool (0 without ``max_streams``)."""
+        pool = self.tiers.state if self._tiers is not None else None
+        return 0 if pool is None else pool.nbytes
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
