@@ -13,8 +13,9 @@ the next emitted frame), so memory stays bounded however long the stream runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ import torch
 from .errors import ConfigError, DTypeError, NonFiniteError, ShapeError, StreamEndedError
 from .planning import StreamPlanner, Window
 
-__all__ = ["Job", "StreamSession", "Tile", "as_latents"]
+__all__ = ["Job", "StatefulSession", "StepJob", "StepPolicy", "StreamSession", "Tile", "as_latents"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +82,33 @@ def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -
     return tensor
 
 
-class StreamSession:
+class _Intake:
+    """What every session shares: validated latents buffered from frame ``_base`` to ``received``."""
+
+    latent_dim: int
+    allow_non_finite: bool
+    _buf: torch.Tensor
+    received: int
+    ended: bool
+
+    def feed(self, chunk: Any) -> int:
+        """Buffer one chunk; returns its frame count. Empty chunks are fine."""
+        if self.ended:
+            raise StreamEndedError(
+                f"chunk fed after the stream ended at frame {self.received}: start a new stream"
+            )
+        latents = as_latents(chunk, self.latent_dim, allow_non_finite=self.allow_non_finite)
+        if latents.shape[0]:
+            self._buf = torch.cat([self._buf, latents])
+            self.received += int(latents.shape[0])
+        return int(latents.shape[0])
+
+    def end(self) -> None:
+        """No more chunks: every remaining frame becomes due. Idempotent."""
+        self.ended = True
+
+
+class StreamSession(_Intake):
     """One stream's state: buffered latents, its planner, and where its audio has got to."""
 
     def __init__(
@@ -105,23 +132,6 @@ class StreamSession:
         self.received = 0
         self.ended = False
         self.completed_frames = 0  # frames whose audio went out in tiles
-
-    # -- intake ------------------------------------------------------------------------------------
-    def feed(self, chunk: Any) -> int:
-        """Buffer one chunk; returns its frame count. Empty chunks are fine."""
-        if self.ended:
-            raise StreamEndedError(
-                f"chunk fed after the stream ended at frame {self.received}: start a new stream"
-            )
-        latents = as_latents(chunk, self.latent_dim, allow_non_finite=self.allow_non_finite)
-        if latents.shape[0]:
-            self._buf = torch.cat([self._buf, latents])
-            self.received += int(latents.shape[0])
-        return int(latents.shape[0])
-
-    def end(self) -> None:
-        """No more chunks: every remaining frame becomes due. Idempotent."""
-        self.ended = True
 
     # -- planning ----------------------------------------------------------------------------------
     @property
@@ -189,3 +199,174 @@ class StreamSession:
             "buffered": int(self._buf.shape[0]),
             "ended": self.ended,
         }
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How a stateful stream groups frames into calls (each size must be a captured shape).
+
+    ``step_sizes`` are the frame counts a ``step`` or ``flush`` may take (ascending); ``prime_sizes`` those
+    of a stream's first call. ``min_step`` is the fewest new frames worth a call unless the listener is
+    about to run dry; a call takes the largest size that the pending frames fill, up to the largest.
+    """
+
+    step_sizes: tuple[int, ...]
+    prime_sizes: tuple[int, ...]
+    min_step: int
+    right_frames: int
+
+    def __post_init__(self) -> None:
+        if (
+            not self.step_sizes
+            or self.step_sizes[0] < 1
+            or list(self.step_sizes) != sorted(set(self.step_sizes))
+        ):
+            raise ConfigError(f"step sizes must be distinct, ascending and >= 1, got {self.step_sizes}")
+        if 1 not in self.step_sizes:
+            raise ConfigError(f"step sizes {self.step_sizes} must include 1, so any remainder can be decoded")
+        if not self.prime_sizes or list(self.prime_sizes) != sorted(set(self.prime_sizes)):
+            raise ConfigError(f"prime sizes must be distinct and ascending, got {self.prime_sizes}")
+        if self.prime_sizes[0] <= self.right_frames:
+            raise ConfigError(
+                f"the smallest prime ({self.prime_sizes[0]} frames) must exceed right_frames={self.right_frames}"
+            )
+
+    @classmethod
+    def default(cls, right_frames: int, min_prime: int, min_step: int, max_step: int) -> StepPolicy:
+        """Powers of two from 1 to ``max_step``; primes of ``right_frames + e`` for those sizes ``e``."""
+        if min_step < 1 or max_step < min_step:
+            raise ConfigError(f"need 1 <= min_emit <= max_emit, got {min_step} and {max_step}")
+        sizes = sorted({1 << i for i in range(max_step.bit_length()) if 1 << i <= max_step} | {max_step})
+        primes = sorted(
+            {max(min_prime, right_frames + e) for e in sizes if e >= min_step}
+            | {max(min_prime, right_frames + min_step)}
+        )
+        return cls(tuple(sizes), tuple(primes), min_step, right_frames)
+
+    def shapes(self) -> tuple[tuple[str, int], ...]:
+        """Every ``(kind, frames)`` a stream under this policy may ask for: the shapes to capture."""
+        return (
+            *(("prime", n) for n in self.prime_sizes),
+            *(("step", n) for n in self.step_sizes),
+            ("flush", 0),
+            *(("flush", n) for n in self.step_sizes),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class StepJob:
+    """A stateful call of one stream: ``kind`` on ``latents``, emitting frames ``emit_start .. emit_end``."""
+
+    kind: Literal["prime", "step", "flush", "whole"]
+    latents: torch.Tensor  # [frames, latent_dim]
+    emit_start: int
+    emit_end: int
+
+    @property
+    def emit_frames(self) -> int:
+        return self.emit_end - self.emit_start
+
+
+class StatefulSession(_Intake):
+    """One stream decoded once per frame: latents in, stateful calls out; their audio in, tiles out.
+
+    The stream's first call primes its layer state with ``prime`` frames and emits all but the last
+    ``right_frames``; each ``step`` of ``n`` frames emits ``n`` frames, ``right_frames`` behind; the ``flush``
+    at the end emits the rest. A stream that ends before it could prime is decoded whole (``kind="whole"``,
+    a window of its own length). Only latents not yet handed to a call are kept.
+    """
+
+    def __init__(
+        self, policy: StepPolicy, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor,
+        allow_non_finite: bool = False,
+    ) -> None:  # fmt: skip
+        self.policy = policy
+        self.latent_dim = latent_dim
+        self.hop_size = hop_size
+        self.allow_non_finite = allow_non_finite
+        if tuple(pad_latent.shape) != (latent_dim,):
+            raise ConfigError(f"pad_latent has shape {tuple(pad_latent.shape)}, expected ({latent_dim},)")
+        self._buf = torch.empty(0, latent_dim)  # latents from frame `fed` to `received`
+        self.received = 0
+        self.fed = 0  # frames handed to calls
+        self.ended = False
+        self.completed_frames = 0
+        self._done = False
+
+    @property
+    def primed(self) -> bool:
+        return self.fed > 0
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    @property
+    def ready_frames(self) -> int:
+        """Frames a step could take now (none before the prime: it needs its own size)."""
+        return self.received - self.fed if self.primed else 0
+
+    def next_job(self, *, flush: bool = False) -> StepJob | None:
+        """The next call, or None until one is due. ``flush``: the listener is about to run dry, so any
+        pending frames go out now (a prime still needs its smallest size)."""
+        if self._done:
+            return None
+        pending = self.received - self.fed
+        if not self.primed:
+            return self._first_job(pending, flush)
+        if self.ended:
+            if pending in self.policy.step_sizes or pending == 0:
+                self._done = True
+                return self._cut("flush", pending, pending + self.policy.right_frames)
+            return self._cut("step", _largest_at_most(self.policy.step_sizes, pending), None)
+        if pending >= self.policy.min_step or (flush and pending > 0):
+            return self._cut("step", _largest_at_most(self.policy.step_sizes, pending), None)
+        return None
+
+    def _first_job(self, pending: int, flush: bool) -> StepJob | None:
+        primes = self.policy.prime_sizes
+        if pending < primes[0]:
+            if self.ended and pending > 0:
+                self._done = True
+                return self._cut("whole", pending, pending)
+            if self.ended:
+                self._done = True
+            return None
+        return self._cut("prime", _largest_at_most(primes, pending), None)
+
+    def _cut(
+        self, kind: Literal["prime", "step", "flush", "whole"], frames: int, emit: int | None
+    ) -> StepJob:
+        latents = self._buf[:frames].clone()
+        self._buf = self._buf[frames:]
+        start = self.fed - (self.policy.right_frames if self.primed else 0)
+        if kind == "prime":
+            emit = frames - self.policy.right_frames
+        elif emit is None:
+            emit = frames
+        self.fed += frames
+        return StepJob(kind, latents, start, start + emit)
+
+    def complete(self, job: StepJob, audio: torch.Tensor) -> Tile:
+        expected = job.emit_frames * self.hop_size
+        if audio.dim() != 2 or audio.shape[-1] != expected:
+            raise ShapeError(f"engine returned audio {tuple(audio.shape)}, expected [channels, {expected}]")
+        if job.emit_start != self.completed_frames:
+            raise ConfigError(
+                f"tile for frame {job.emit_start} completed out of order (next is {self.completed_frames})"
+            )
+        self.completed_frames = job.emit_end
+        return Tile(job.emit_start, job.emit_frames, job.emit_start * self.hop_size, audio)
+
+    def snapshot(self) -> dict[str, int | bool]:
+        return {
+            "received": self.received,
+            "emitted": self.fed,
+            "completed": self.completed_frames,
+            "buffered": int(self._buf.shape[0]),
+            "ended": self.ended,
+        }
+
+
+def _largest_at_most(sizes: Sequence[int], limit: int) -> int:
+    return max(s for s in sizes if s <= limit)

@@ -19,16 +19,24 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from .codecs import Codec
-from .engine import Engine, EngineStats, WarmupReport, WindowRequest, create_engine
+from .codecs.stateful import StatefulNet, supports_stateful
+from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
 from .errors import ConfigError, EngineClosedError, ShapeError
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
-from .session import Job, StreamSession, Tile, as_latents
+from .session import Job, StatefulSession, StepJob, StepPolicy, StreamSession, Tile, as_latents
+
+Mode = Literal["stateful", "halo"]
+#: stateful stream slots a decoder allocates when ``max_streams`` is not given
+DEFAULT_MAX_STREAMS = 64
+#: the largest stateful step when ``max_emit`` is not given: more frames per call buy little once a
+#: frame is decoded once, and every step size is a captured shape
+DEFAULT_MAX_STEP = 16
 
 __all__ = ["DecoderStats", "StreamDecoder", "TileStream"]
 
@@ -39,6 +47,7 @@ Chunks = AsyncIterable[Any] | Iterable[Any]
 class DecoderStats:
     """What a decoder has done; ``engine`` holds the engine's own counters."""
 
+    mode: str = "halo"
     open_streams: int = 0
     streams: int = 0  # streams opened in total
     tiles: int = 0
@@ -50,7 +59,14 @@ class DecoderStats:
 class StreamDecoder:
     """Decodes any number of concurrent latent streams through one engine.
 
-    ``min_emit``/``max_emit`` set the emission schedule (first tile, then doubling up to ``max_emit``);
+    ``mode="stateful"`` (the default wherever the codec supports it, as every built-in family does) keeps
+    each stream's layer state in one of ``max_streams`` device slots, so every latent frame is decoded
+    once; a stream beyond the slots is refused with :class:`~streamdec.errors.TooManyStreamsError`.
+    ``mode="halo"`` decodes overlapping windows that carry the decoder's context instead (any codec).
+    Both give the whole-clip decode's audio.
+
+    ``min_emit``/``max_emit`` set the emission schedule (halo: first tile, then doubling up to
+    ``max_emit``; stateful: the fewest new frames worth a call, and the largest call);
     ``window_sizes`` the window lengths (default: one per emission size, ``left + emit + right``), which
     are also the shapes a GPU engine captures. ``engine`` defaults to :func:`create_engine` for the
     codec's device, built with ``engine_options``. ``listener_prebuffer`` is how long a listener buffers
@@ -62,8 +78,10 @@ class StreamDecoder:
         self,
         codec: Codec,
         *,
+        mode: Mode | None = None,
+        max_streams: int | None = None,
         min_emit: int = 4,
-        max_emit: int = 64,
+        max_emit: int | None = None,
         window_sizes: Iterable[int] | None = None,
         engine: Engine | None = None,
         allow_non_finite: bool = False,
@@ -71,7 +89,10 @@ class StreamDecoder:
         **engine_options: Any,
     ) -> None:
         self.codec = codec
+        self.mode: Mode = self._pick_mode(codec, mode)
         self.left, self.right = codec.context_frames()
+        if max_emit is None:
+            max_emit = max(min_emit, DEFAULT_MAX_STEP if self.mode == "stateful" else 64)
         self.min_emit, self.max_emit = min_emit, max_emit
         if window_sizes is None:
             window_sizes = default_window_sizes(self.left, self.right, min_emit, max_emit)
@@ -81,10 +102,48 @@ class StreamDecoder:
         if listener_prebuffer < 0:
             raise ConfigError(f"listener_prebuffer must be >= 0 seconds, got {listener_prebuffer}")
         self.listener_prebuffer = listener_prebuffer
-        self.engine = engine if engine is not None else create_engine(codec, **engine_options)
-        self._stats = DecoderStats()
+        self.policy: StepPolicy | None = None
+        if self.mode == "stateful":
+            if max_streams is None:
+                max_streams = engine.max_streams if engine is not None else DEFAULT_MAX_STREAMS
+            engine_options["max_streams"] = max_streams
+            self._net = StatefulNet(codec)
+            self.policy = self._policy(min_emit, max_emit)
+        elif max_streams is not None:
+            raise ConfigError("max_streams sizes the stateful slot pool: drop it with mode='halo'")
+        if engine is None:
+            engine = create_engine(codec, **engine_options)
+        elif engine_options:
+            raise ConfigError(
+                f"engine options {sorted(engine_options)} were given with a ready engine: build the engine "
+                "with them instead"
+            )
+        if self.mode == "stateful" and engine.max_streams < 1:
+            raise ConfigError("mode='stateful' needs an engine built with max_streams >= 1")
+        self.engine = engine
+        self._stats = DecoderStats(mode=self.mode)
         self._ids = itertools.count()
         self._closed = False
+
+    @staticmethod
+    def _pick_mode(codec: Codec, mode: Mode | None) -> Mode:
+        if mode is None:
+            return "stateful" if supports_stateful(codec) else "halo"
+        if mode not in ("stateful", "halo"):
+            raise ConfigError(f"unknown mode {mode!r}: pick 'stateful' or 'halo'")
+        if mode == "stateful" and not supports_stateful(codec):
+            raise ConfigError(
+                f"codec {getattr(codec, 'name', type(codec).__name__)!r} has no streaming layout: use mode='halo'"
+            )
+        return mode
+
+    def _policy(self, min_emit: int, max_emit: int) -> StepPolicy:
+        return StepPolicy.default(self._net.right_frames, self._net.min_prime_frames, min_emit, max_emit)
+
+    @property
+    def max_streams(self) -> int | None:
+        """How many streams may be open at once (stateful slots), or None where only memory limits it."""
+        return self.engine.max_streams if self.mode == "stateful" else None
 
     def _planner(self, min_emit: int, max_emit: int, sizes: Iterable[int]) -> StreamPlanner:
         return StreamPlanner(self.left, self.right, min_emit=min_emit, max_emit=max_emit, window_sizes=sizes)
@@ -105,8 +164,11 @@ class StreamDecoder:
         await self.engine.start()
 
     async def warmup(self) -> WarmupReport:
-        """Prepare every window shape (compile and capture on a GPU). Explicit, and may take a while."""
-        report = await self.engine.warmup(self.window_sizes)
+        """Prepare every decode shape (compile and capture on a GPU). Explicit, and may take a while."""
+        if self.policy is not None:
+            report = await self.engine.warmup_steps(self.policy.shapes())
+        else:
+            report = await self.engine.warmup(self.window_sizes)
         self._stats.warm = True
         return report
 
@@ -142,6 +204,23 @@ class StreamDecoder:
         """
         if self._closed:
             raise EngineClosedError("decode_tiles() on a closed StreamDecoder")
+        allow = self.allow_non_finite if allow_non_finite is None else allow_non_finite
+        if self.policy is not None:
+            policy = self.policy
+            if min_emit is not None or max_emit is not None:
+                policy = self._policy(
+                    self.min_emit if min_emit is None else min_emit,
+                    self.max_emit if max_emit is None else max_emit,
+                )
+            stateful = StatefulSession(
+                policy,
+                latent_dim=self.codec.latent_dim,
+                hop_size=self.codec.hop_size,
+                pad_latent=self.codec.pad_latent,
+                allow_non_finite=allow,
+            )
+            slot = self.engine.open_slot()  # TooManyStreamsError when every slot is taken: refused now
+            return TileStream(self, stateful, chunks, next(self._ids), slot=slot)
         planner = self._planner(
             self.min_emit if min_emit is None else min_emit,
             self.max_emit if max_emit is None else max_emit,
@@ -187,11 +266,18 @@ class TileStream(AsyncIterator[Tile]):
     """The async iterator ``decode_tiles`` returns; also an async context manager that always cleans up."""
 
     def __init__(
-        self, decoder: StreamDecoder, session: StreamSession, chunks: Chunks, stream_id: int
+        self,
+        decoder: StreamDecoder,
+        session: StreamSession | StatefulSession,
+        chunks: Chunks,
+        stream_id: int,
+        *,
+        slot: int | None = None,
     ) -> None:
         self.decoder = decoder
         self.session = session
         self.stream_id = stream_id
+        self.slot = slot  # the engine's state slot of a stateful stream, given back when the stream ends
         self._source: AsyncIterator[Any] | Iterator[Any] = (
             aiter(chunks) if isinstance(chunks, AsyncIterable) else iter(chunks)
         )
@@ -221,10 +307,10 @@ class TileStream(AsyncIterator[Tile]):
                 self._free()
                 raise StopAsyncIteration
             began = time.monotonic()
-            audio = await self.decoder.engine.decode_window(self._request(job))
+            audio = await self._decode(job)
             elapsed = time.monotonic() - began
             self._decode_s = elapsed if self._decode_s == 0.0 else 0.7 * self._decode_s + 0.3 * elapsed
-            tile = self.session.complete(job, audio)
+            tile = self._complete(job, audio)
         except StopAsyncIteration:
             raise
         except BaseException:
@@ -237,7 +323,7 @@ class TileStream(AsyncIterator[Tile]):
         self.decoder._stats.frames += tile.frames
         return tile
 
-    async def _next_job(self) -> Job | None:
+    async def _next_job(self) -> Job | StepJob | None:
         """Pull chunks until a window is due; None once the stream has ended and everything went out.
 
         A window is due when the emission schedule says so, or when the listener would otherwise run
@@ -290,6 +376,24 @@ class TileStream(AsyncIterator[Tile]):
         pending, self._pending = self._pending, None
         return pending.result()
 
+    def _complete(self, job: Job | StepJob, audio: torch.Tensor) -> Tile:
+        if isinstance(self.session, StatefulSession):
+            assert isinstance(job, StepJob)
+            return self.session.complete(job, audio)
+        assert isinstance(job, Job)
+        return self.session.complete(job, audio)
+
+    async def _decode(self, job: Job | StepJob) -> torch.Tensor:
+        engine = self.decoder.engine
+        if isinstance(job, Job):
+            return await engine.decode_window(self._request(job))
+        if job.kind == "whole":  # a stream too short to prime: one window of its own length
+            request = WindowRequest(self.stream_id, job.latents, 0, job.emit_frames, self._deadline())
+            return await engine.decode_window(request)
+        assert self.slot is not None
+        step = StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
+        return await engine.decode_step(step)
+
     def _request(self, job: Job) -> WindowRequest:
         window = job.window
         return WindowRequest(
@@ -313,6 +417,8 @@ class TileStream(AsyncIterator[Tile]):
         if not self._closed:
             self._closed = True
             self.decoder._stats.open_streams -= 1
+            if self.slot is not None:
+                self.decoder.engine.close_slot(self.slot)
 
     async def aclose(self) -> None:
         """Stop the stream: nothing more is read or decoded. Idempotent."""
