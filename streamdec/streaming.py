@@ -89,6 +89,8 @@ class StreamDecoder:
         **engine_options: Any,
     ) -> None:
         self.codec = codec
+        if mode is None and engine is not None and engine.max_streams == 0:
+            mode = "halo"  # a ready engine without state slots serves windows
         self.mode: Mode = self._pick_mode(codec, mode)
         self.left, self.right = codec.context_frames()
         if max_emit is None:

@@ -34,6 +34,7 @@ import torch
 from ..codecs import Codec
 from ..engine import Engine
 from ..planning import StreamPlanner
+from ..session import StatefulSession, StepPolicy
 from ..streaming import StreamDecoder
 from .common import Budget, Latents, Progress
 from .meta import UtilSampler
@@ -79,7 +80,7 @@ def listen(tiles: list[tuple[float, int, int]], prebuffer_s: float, frame_s: flo
 def simulate_policy(
     left: int, right: int, min_emit: int, max_emit: int, frames: int, burst: int, frame_s: float
 ) -> tuple[int, list[tuple[float, int, int]]]:
-    """Plan a real-time stream with a zero-time decoder: ``(chunk completing window 1, tiles)``."""
+    """Plan a real-time halo stream with a zero-time decoder: ``(chunk completing window 1, tiles)``."""
     planner = StreamPlanner(left, right, min_emit=min_emit, max_emit=max_emit)
     chunks = -(-frames // burst)
     first: int | None = None
@@ -89,6 +90,26 @@ def simulate_policy(
         while (w := planner.next_window(received, ended)) is not None:
             first = k if first is None else first
             tiles.append((k * burst * frame_s, w.emit_start, w.emit_frames))
+    assert first is not None
+    return first, tiles
+
+
+def simulate_stateful(
+    policy: StepPolicy, latent_dim: int, frames: int, burst: int, frame_s: float
+) -> tuple[int, list[tuple[float, int, int]]]:
+    """The same for a stateful stream: ``(chunk completing its prime, tiles)``."""
+    session = StatefulSession(policy, latent_dim=latent_dim, hop_size=1, pad_latent=torch.zeros(latent_dim))
+    chunks = -(-frames // burst)
+    first: int | None = None
+    tiles = []
+    for k in range(chunks):
+        session.feed(torch.zeros(min(burst, frames - k * burst), latent_dim))
+        if k == chunks - 1:
+            session.end()
+        while (job := session.next_job()) is not None:
+            first = k if first is None else first
+            if job.emit_frames:
+                tiles.append((k * burst * frame_s, job.emit_start, job.emit_frames))
     assert first is not None
     return first, tiles
 
@@ -281,14 +302,22 @@ async def sweep(
     latents: Latents,
     budget: Budget,
     progress: Progress,
+    mode: str | None = None,
 ) -> dict[str, Any]:
-    """Both paths over ``s.streams``; each path stops once a point is far past the limits (``_hopeless``)."""
+    """Both paths over ``s.streams``; each path stops once a point is far past the limits (``_hopeless``).
+
+    ``mode`` is the decoder's (``StreamDecoder(mode=...)``; None: its default for the codec)."""
     left, right = codec.context_frames()
     frame_s = codec.hop_size / codec.sample_rate
     frames = round(s.seconds / frame_s)
-    first_chunk, ideal_tiles = simulate_policy(left, right, s.min_emit, s.max_emit, frames, s.burst, frame_s)
+    decoder = StreamDecoder(codec, mode=mode, min_emit=s.min_emit, max_emit=s.max_emit, engine=engine)  # type: ignore[arg-type]
+    if decoder.policy is not None:
+        first_chunk, ideal_tiles = simulate_stateful(decoder.policy, codec.latent_dim, frames, s.burst, frame_s)
+    else:
+        first_chunk, ideal_tiles = simulate_policy(left, right, s.min_emit, s.max_emit, frames, s.burst, frame_s)
     ideal_underruns, ideal_stall = listen(ideal_tiles, s.prebuffer_ms / 1e3, frame_s)
     out: dict[str, Any] = {
+        "mode": decoder.mode,
         "frames_per_stream": frames,
         "first_window_chunk": first_chunk,
         "first_window_wait_ms": first_chunk * s.burst * frame_s * 1e3,
@@ -297,7 +326,6 @@ async def sweep(
         "websocket": [],
     }
     rng = random.Random(s.seed)
-    decoder = StreamDecoder(codec, min_emit=s.min_emit, max_emit=s.max_emit, engine=engine)
 
     async def via_decoder(clips: list[torch.Tensor], records: list[_Record], t0: float) -> None:
         await asyncio.gather(

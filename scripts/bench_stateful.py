@@ -1,0 +1,150 @@
+"""Streams per GPU, stateful against halo windows, in one run: real-time streams through StreamDecoder.
+
+Each stream is a clip of random latents arriving in real time in ``--burst``-frame chunks; starts are
+spread over ``--stagger`` seconds. A point holds when every stream plays (p99 time to first audio within
+``--ttfa-limit-ms`` from the chunk that makes its first audio decodable, no underrun of a listener that
+starts ``--prebuffer-ms`` after its first audio). For each mode: warm-up time, graphs, graph memory, state
+memory, then the sweep; then the device time per second of streamed audio against a whole-clip decode of
+the same audio at the same batch.
+
+    python3 scripts/bench_stateful.py --codec auk-24k --streams 64,128,256,384,512,640 --out result.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import torch
+
+from streamdec.bench.common import Budget, Latents, Progress
+from streamdec.bench.concurrency import ConcurrencySettings, sweep
+from streamdec.bench.meta import ResultFile, script_header
+from streamdec.codecs import load_codec
+from streamdec.engine import DecodeEngine
+from streamdec.streaming import StreamDecoder
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--codec", default="auk-24k")
+    ap.add_argument("--precision", default="auto")
+    ap.add_argument("--streams", type=_ints, default=(64, 128, 256, 384, 512, 640))
+    ap.add_argument("--modes", default="stateful,halo")
+    ap.add_argument("--halo-streams", type=_ints, default=(16, 32, 64, 96, 128))
+    ap.add_argument("--seconds", type=float, default=6.0, help="audio per stream")
+    ap.add_argument("--burst", type=int, default=4, help="frames per chunk")
+    ap.add_argument("--stagger", type=float, default=1.0)
+    ap.add_argument("--prebuffer-ms", type=float, default=100.0)
+    ap.add_argument("--ttfa-limit-ms", type=float, default=100.0)
+    ap.add_argument("--min-emit", type=int, default=4)
+    ap.add_argument("--max-emit", type=int, default=16, help="stateful: largest step; halo: largest tile")
+    ap.add_argument("--halo-max-emit", type=int, default=16)
+    ap.add_argument("--batch-buckets", type=_ints, default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> None:
+    codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
+    precision = codec.use_auto_precision() if args.precision == "auto" else args.precision
+    if args.precision != "auto":
+        codec.precision = precision
+    header = script_header(
+        codec=args.codec, precision=precision, commit=None, timing="wall clock per stream; engine CUDA events"
+    )
+    result = ResultFile(
+        args.out, {**header, "settings": vars(args) | {"streams": list(args.streams)}, "modes": {}}
+    )
+    budget = Budget(args.budget_s)
+    latents = Latents(codec.latent_dim, seed=0)
+    for mode in args.modes.split(","):
+        streams = args.streams if mode == "stateful" else args.halo_streams
+        max_emit = args.max_emit if mode == "stateful" else args.halo_max_emit
+        settings = ConcurrencySettings(
+            streams=streams, seconds=args.seconds, burst=args.burst, stagger=args.stagger,
+            prebuffer_ms=args.prebuffer_ms, min_emit=args.min_emit, max_emit=max_emit,
+            ttfa_limit_ms=args.ttfa_limit_ms,
+        )  # fmt: skip
+        slots = max(streams) + 8 if mode == "stateful" else 0
+        engine = DecodeEngine(codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets)
+        entry: dict[str, Any] = {}
+        result.result["modes"][mode] = entry
+        try:
+            decoder = StreamDecoder(
+                codec, mode=mode, min_emit=args.min_emit, max_emit=max_emit, engine=engine
+            )
+            began = time.perf_counter()
+            report = await decoder.warmup()
+            entry["warmup"] = {
+                "seconds": time.perf_counter() - began,
+                "graphs": report.graphs,
+                "graph_memory_gib": report.graph_memory_bytes / 2**30,
+                "state_memory_gib": engine.state_memory_bytes() / 2**30,
+                "state_bytes_per_stream": engine.net.state_bytes() if engine.net is not None else 0,
+                "failed": list(report.failed),
+            }
+            decoder.freeze()
+            result.save()
+            progress = Progress(len(streams), quiet=True)
+            entry["sweep"] = await sweep(
+                codec, engine, settings, websocket=False, latents=latents, budget=budget,
+                progress=progress, mode=mode,
+            )  # fmt: skip
+            result.save()
+            entry["device_per_audio_second"] = _device_cost(entry["sweep"], codec, args.seconds)
+            result.save()
+        finally:
+            await engine.aclose()
+            torch.cuda.empty_cache()
+    result.result["whole_clip"] = _whole_clip_cost(codec, result.result["modes"])
+    result.save()
+
+
+def _device_cost(sweep_out: dict[str, Any], codec: Any, seconds: float) -> list[dict[str, Any]]:
+    """Engine device seconds per second of streamed audio at each point, with the mean batch."""
+    rows = []
+    for point in sweep_out["decoder"]:
+        audio_s = point["streams"] * seconds
+        busy = point.get("busy_fraction") or 0.0
+        rows.append({
+            "streams": point["streams"],
+            "device_s_per_audio_s": busy * point["wall_s"] / audio_s,
+            "mean_batch": point.get("mean_batch"),
+        })  # fmt: skip
+    return rows
+
+
+def _whole_clip_cost(codec: Any, modes: dict[str, Any]) -> dict[str, Any]:
+    """Device seconds per second of audio of a whole-clip decode (eager, CUDA events) at batch 1, 8, 32."""
+    out = {}
+    frames = 250
+    audio_s = frames * codec.hop_size / codec.sample_rate
+    for batch in (1, 8, 32):
+        z = torch.randn(batch, frames, codec.latent_dim, device="cuda")
+        codec.decode(z)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(3):
+            start.record()
+            codec.decode(z)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        times.sort()
+        out[str(batch)] = {"device_s_per_audio_s": times[1] / (batch * audio_s), "frames": frames}
+        del z
+        torch.cuda.empty_cache()
+    return out
+
+
+if __name__ == "__main__":
+    main()
