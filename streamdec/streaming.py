@@ -106,9 +106,13 @@ class StreamDecoder:
         self.listener_prebuffer = listener_prebuffer
         self.policy: StepPolicy | None = None
         if self.mode == "stateful":
-            if max_streams is None:
-                max_streams = engine.max_streams if engine is not None else DEFAULT_MAX_STREAMS
-            engine_options["max_streams"] = max_streams
+            if engine is None:
+                engine_options["max_streams"] = DEFAULT_MAX_STREAMS if max_streams is None else max_streams
+            elif max_streams is not None and max_streams != engine.max_streams:
+                raise ConfigError(
+                    f"max_streams={max_streams} differs from the engine's {engine.max_streams}: the engine's "
+                    "slot pool is sized when it is built"
+                )
             self._net = StatefulNet(codec)
             self.policy = self._policy(min_emit, max_emit)
         elif max_streams is not None:

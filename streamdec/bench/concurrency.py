@@ -312,9 +312,13 @@ async def sweep(
     frames = round(s.seconds / frame_s)
     decoder = StreamDecoder(codec, mode=mode, min_emit=s.min_emit, max_emit=s.max_emit, engine=engine)  # type: ignore[arg-type]
     if decoder.policy is not None:
-        first_chunk, ideal_tiles = simulate_stateful(decoder.policy, codec.latent_dim, frames, s.burst, frame_s)
+        first_chunk, ideal_tiles = simulate_stateful(
+            decoder.policy, codec.latent_dim, frames, s.burst, frame_s
+        )
     else:
-        first_chunk, ideal_tiles = simulate_policy(left, right, s.min_emit, s.max_emit, frames, s.burst, frame_s)
+        first_chunk, ideal_tiles = simulate_policy(
+            left, right, s.min_emit, s.max_emit, frames, s.burst, frame_s
+        )
     ideal_underruns, ideal_stall = listen(ideal_tiles, s.prebuffer_ms / 1e3, frame_s)
     out: dict[str, Any] = {
         "mode": decoder.mode,

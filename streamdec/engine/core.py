@@ -53,7 +53,13 @@ from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_for
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
 from .slots import SlotAllocator, StatePool
 
-__all__ = ["DecodeEngine"]
+__all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DecodeEngine"]
+
+#: how long before its deadline queued work is dispatched however few rows it fills: a replay at the
+#: largest bucket, one replay queued ahead of it, and the trip to the listener fit in 40 ms on an H200
+DEFAULT_HOLD_LEAD_S = 0.04
+#: stateful primes and flushes happen once per stream: small buckets keep graph count and memory down
+DEFAULT_EDGE_BATCH_LIMIT = 16
 
 log = logging.getLogger("streamdec.engine")
 R = TypeVar("R")
@@ -74,6 +80,11 @@ class DecodeEngine(Engine):
     * ``max_streams`` - stateful stream slots allocated at start (0: halo windows only). Each slot holds
       one stream's layer state on the device; a stream beyond them is refused, never queued.
     * ``cpu_threads`` - PyTorch intra-op threads while a CPU engine runs (default: cores - 1).
+    * ``hold_lead`` - while a replay is in flight, work whose deadline is further away than this
+      (seconds) waits for more work to share its replay, until its bucket is full (default 0.04; None:
+      dispatch at once). An idle device never waits; whole-clip windows and stateful primes are due at
+      once.
+    * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
 
     * ``batch_buckets`` - batch sizes graphs are captured for (default 1, 2, 4, ..., 64).
     * ``graphs`` - use CUDA graphs at all (``STREAMDEC_NO_GRAPHS=1`` forces False).
@@ -98,6 +109,8 @@ class DecodeEngine(Engine):
         *,
         max_streams: int = 0,
         cpu_threads: int | None = None,
+        hold_lead: float | None = DEFAULT_HOLD_LEAD_S,
+        edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
         batch_buckets: Iterable[int] = DEFAULT_BATCH_BUCKETS,
         graphs: bool = True,
         compile: bool = True,
@@ -124,6 +137,9 @@ class DecodeEngine(Engine):
         self.net = StatefulNet(codec) if max_streams else None
         self._slots = SlotAllocator(max_streams) if max_streams else None
         self.cpu_threads = cpu_threads if cpu_threads is not None else max(1, (os.cpu_count() or 1) - 1)
+        if hold_lead is not None and hold_lead < 0:
+            raise ConfigError(f"hold_lead must be >= 0 seconds or None, got {hold_lead}")
+        self.hold_lead = hold_lead
         self._saved_threads: int | None = None
         pad = codec.pad_latent.detach()
         self.device = pad.device
@@ -145,7 +161,9 @@ class DecodeEngine(Engine):
         self.poll_interval = poll_interval
         self._default_cost = cost if cost is not None else linear_cost()
         self._measured: dict[BucketKey, float] = {}
-        self._scheduler: Scheduler[_Pending] = Scheduler(batch_buckets, cost=self._cost)
+        self._scheduler: Scheduler[_Pending] = Scheduler(
+            batch_buckets, cost=self._cost, kind_limits=dict.fromkeys(("prime", "flush"), edge_batch_limit)
+        )
         self.batch_buckets = self._scheduler.batch_buckets
         self._pad_cpu = pad.to("cpu", torch.float32)
         self._stats = EngineStats()
@@ -200,7 +218,10 @@ class DecodeEngine(Engine):
         if self.net is None:
             raise EngineError("warmup_steps() on an engine without max_streams: nothing is stateful")
         await self.start()
-        buckets = [BucketKey(b, int(f), kind) for kind, f in sorted(set(keys)) for b in self.batch_buckets]
+        sched = self._scheduler
+        buckets = [
+            BucketKey(b, int(f), kind) for kind, f in sorted(set(keys)) for b in sched.buckets_for(kind)
+        ]
         return await self._call_on_device(lambda: self._warm(buckets))
 
     def freeze(self) -> None:
@@ -350,6 +371,14 @@ class DecodeEngine(Engine):
                 if self._closed:
                     return None
                 if self._inflight < self.max_inflight and self._scheduler.pending:
+                    # While a replay is in flight the device is busy anyway: let the next batch fill up
+                    # until its deadline nears. An idle device takes whatever is queued at once.
+                    lead = self.hold_lead
+                    busy = self._inflight > 0 and lead is not None
+                    wait = self._scheduler.hold(time.monotonic(), lead) if busy and lead is not None else None
+                    if wait is not None:
+                        self._cond.wait(timeout=wait)
+                        continue
                     popped = self._scheduler.pop_batch()
                     self._stats.queued = self._scheduler.pending
                     if popped is not None:

@@ -127,8 +127,12 @@ class Scheduler(Generic[T]):
         *,
         cost: CostFn | None = None,
         max_cover_windows: int | None = None,
+        kind_limits: dict[str, int] | None = None,
     ) -> None:
         self.batch_buckets = normalise_buckets(batch_buckets)
+        # Largest batch per kind of work (e.g. stateful primes and flushes, rare and short-lived, are
+        # captured at small batches only); a kind not listed takes every bucket.
+        self.kind_limits = dict(kind_limits or {})
         self.cost: CostFn = cost if cost is not None else linear_cost()
         # Planning looks at most this many windows of one group (bounds the dynamic programme).
         self.max_cover_windows = max_cover_windows or 4 * self.batch_buckets[-1]
@@ -167,7 +171,7 @@ class Scheduler(Generic[T]):
         live = self._live[group]
         cover = plan_cover(
             min(live, self.max_cover_windows),
-            self.batch_buckets,
+            self.buckets_for(kind),
             lambda b: self.cost(BucketKey(b, frames, kind)),
         )
         batch = cover[0]
@@ -183,6 +187,28 @@ class Scheduler(Generic[T]):
         self.pending -= len(taken)
         self._prune(group)
         return BucketKey(batch, frames, kind), taken
+
+    def buckets_for(self, kind: str) -> tuple[int, ...]:
+        """The batch buckets work of ``kind`` may use."""
+        limit = self.kind_limits.get(kind)
+        if limit is None:
+            return self.batch_buckets
+        return tuple(b for b in self.batch_buckets if b <= limit) or self.batch_buckets[:1]
+
+    def hold(self, now: float, lead: float) -> float | None:
+        """Seconds to wait before popping so that more work joins the next batch, or None: pop now.
+
+        The most urgent group goes out at once when it fills its largest bucket or its earliest deadline
+        is within ``lead`` seconds; until then waiting costs no listener anything and every arrival makes
+        the next replay fuller (real-time streams all push a step per chunk period).
+        """
+        group = self._most_urgent_group()
+        if group is None:
+            return None
+        deadline = self._groups[group][0][0]
+        if self._live[group] >= self.buckets_for(group[0])[-1] or deadline - lead <= now:
+            return None
+        return deadline - lead - now
 
     def drain(self) -> list[T]:
         """Remove and return every live payload (engine shutdown)."""
