@@ -91,6 +91,7 @@ async def _run(args: argparse.Namespace) -> None:
                 "state_memory_gib": engine.state_memory_bytes() / 2**30,
                 "state_bytes_per_stream": engine.net.state_bytes() if engine.net is not None else 0,
                 "failed": list(report.failed),
+                "replay_ms": engine.step_replay_ms(),
             }
             decoder.freeze()
             result.save()

@@ -53,13 +53,15 @@ from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_for
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
 from .slots import SlotAllocator, StatePool
 
-__all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DecodeEngine"]
+__all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAME_BUDGET", "DecodeEngine"]
 
 #: how long before its deadline queued work is dispatched however few rows it fills: a replay at the
 #: largest bucket, one replay queued ahead of it, and the trip to the listener fit in 40 ms on an H200
 DEFAULT_HOLD_LEAD_S = 0.04
 #: stateful primes and flushes happen once per stream: small buckets keep graph count and memory down
 DEFAULT_EDGE_BATCH_LIMIT = 16
+#: rows x frames of the largest stateful replay: 256 real-time streams of 4-frame chunks in one replay
+DEFAULT_STEP_FRAME_BUDGET = 1024
 
 log = logging.getLogger("streamdec.engine")
 R = TypeVar("R")
@@ -85,6 +87,8 @@ class DecodeEngine(Engine):
       dispatch at once). An idle device never waits; whole-clip windows and stateful primes are due at
       once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
+    * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
+      of 4 frames), which bounds graph memory.
 
     * ``batch_buckets`` - batch sizes graphs are captured for (default 1, 2, 4, ..., 64).
     * ``graphs`` - use CUDA graphs at all (``STREAMDEC_NO_GRAPHS=1`` forces False).
@@ -111,6 +115,7 @@ class DecodeEngine(Engine):
         cpu_threads: int | None = None,
         hold_lead: float | None = DEFAULT_HOLD_LEAD_S,
         edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
+        step_frame_budget: int = DEFAULT_STEP_FRAME_BUDGET,
         batch_buckets: Iterable[int] = DEFAULT_BATCH_BUCKETS,
         graphs: bool = True,
         compile: bool = True,
@@ -162,7 +167,10 @@ class DecodeEngine(Engine):
         self._default_cost = cost if cost is not None else linear_cost()
         self._measured: dict[BucketKey, float] = {}
         self._scheduler: Scheduler[_Pending] = Scheduler(
-            batch_buckets, cost=self._cost, kind_limits=dict.fromkeys(("prime", "flush"), edge_batch_limit)
+            batch_buckets,
+            cost=self._cost,
+            kind_limits=dict.fromkeys(("prime", "flush"), edge_batch_limit),
+            frame_budget=step_frame_budget,
         )
         self.batch_buckets = self._scheduler.batch_buckets
         self._pad_cpu = pad.to("cpu", torch.float32)
@@ -220,7 +228,7 @@ class DecodeEngine(Engine):
         await self.start()
         sched = self._scheduler
         buckets = [
-            BucketKey(b, int(f), kind) for kind, f in sorted(set(keys)) for b in sched.buckets_for(kind)
+            BucketKey(b, int(f), kind) for kind, f in sorted(set(keys)) for b in sched.buckets_for(kind, f)
         ]
         return await self._call_on_device(lambda: self._warm(buckets))
 
@@ -580,6 +588,14 @@ class DecodeEngine(Engine):
         tiers = self.tiers
         return {
             (k.batch, k.frames): (g.tier, g.replay_ms) for k, g in tiers.buckets.items() if k.kind == "window"
+        }
+
+    def step_replay_ms(self) -> dict[str, float | None]:
+        """Measured replay time of every stateful graph, keyed ``"kind BATCHxFRAMES"``."""
+        return {
+            f"{k.kind} {k.batch}x{k.frames}": g.replay_ms
+            for k, g in self.tiers.buckets.items()
+            if k.kind != "window"
         }
 
     def state_memory_bytes(self) -> int:

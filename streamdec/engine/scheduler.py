@@ -128,11 +128,14 @@ class Scheduler(Generic[T]):
         cost: CostFn | None = None,
         max_cover_windows: int | None = None,
         kind_limits: dict[str, int] | None = None,
+        frame_budget: int | None = None,
     ) -> None:
         self.batch_buckets = normalise_buckets(batch_buckets)
         # Largest batch per kind of work (e.g. stateful primes and flushes, rare and short-lived, are
         # captured at small batches only); a kind not listed takes every bucket.
         self.kind_limits = dict(kind_limits or {})
+        # Stateful calls: at most this many rows x frames per replay (graph memory grows with both).
+        self.frame_budget = frame_budget
         self.cost: CostFn = cost if cost is not None else linear_cost()
         # Planning looks at most this many windows of one group (bounds the dynamic programme).
         self.max_cover_windows = max_cover_windows or 4 * self.batch_buckets[-1]
@@ -171,7 +174,7 @@ class Scheduler(Generic[T]):
         live = self._live[group]
         cover = plan_cover(
             min(live, self.max_cover_windows),
-            self.buckets_for(kind),
+            self.buckets_for(kind, frames),
             lambda b: self.cost(BucketKey(b, frames, kind)),
         )
         batch = cover[0]
@@ -188,11 +191,11 @@ class Scheduler(Generic[T]):
         self._prune(group)
         return BucketKey(batch, frames, kind), taken
 
-    def buckets_for(self, kind: str) -> tuple[int, ...]:
-        """The batch buckets work of ``kind`` may use."""
-        limit = self.kind_limits.get(kind)
-        if limit is None:
-            return self.batch_buckets
+    def buckets_for(self, kind: str, frames: int) -> tuple[int, ...]:
+        """The batch buckets work of ``kind`` and ``frames`` may use."""
+        limit = self.kind_limits.get(kind, self.batch_buckets[-1])
+        if kind != "window" and self.frame_budget is not None:
+            limit = min(limit, self.frame_budget // max(frames, 1))
         return tuple(b for b in self.batch_buckets if b <= limit) or self.batch_buckets[:1]
 
     def hold(self, now: float, lead: float) -> float | None:
@@ -206,7 +209,7 @@ class Scheduler(Generic[T]):
         if group is None:
             return None
         deadline = self._groups[group][0][0]
-        if self._live[group] >= self.buckets_for(group[0])[-1] or deadline - lead <= now:
+        if self._live[group] >= self.buckets_for(*group)[-1] or deadline - lead <= now:
             return None
         return deadline - lead - now
 
