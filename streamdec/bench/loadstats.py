@@ -16,7 +16,8 @@ Per stream (:func:`summarize_stream`):
 * a sample check: messages contiguous from sample 0, ``frames * hop`` samples, ``done`` completed.
 
 A sweep (:func:`next_streams`) never decides on one run: a stream count *holds* once ``confirm`` runs
-at it passed and *fails* once ``confirm`` runs failed, whichever comes first.
+at it passed and *fails* once ``confirm`` runs failed, whichever comes first. A run in which the load
+generator itself fell behind (:func:`generator_problem`) does not vote.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "SweepPlan",
     "decided",
     "first_window_chunk",
+    "generator_problem",
     "histogram_delta_quantile",
     "largest_holding",
     "listener_underruns",
@@ -70,6 +72,7 @@ class Limits:
 
     ttfa_p99_ms: float = 20.0
     max_underruns: int = 0
+    generator_late_ms: float = 50.0  # a chunk sent later than this after its time voids the run
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -185,6 +188,15 @@ def summarize_point(streams: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "sample_problems": len(problems),
         "sample_problem_examples": problems[:5],
     }
+
+
+def generator_problem(point: Mapping[str, Any], limits: Limits) -> str | None:
+    """Why a run says nothing about the server: the load generator itself sent chunks late (its process
+    was starved of CPU), so late audio may be its own. None when the run is valid."""
+    late = point["clients"]["send_late_ms"]["max"]
+    if late is not None and late > limits.generator_late_ms:
+        return f"load generator sent a chunk {late:g} ms late (> {limits.generator_late_ms:g} ms): run void"
+    return None
 
 
 def verdict(point: Mapping[str, Any], limits: Limits) -> list[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .loadclient import ClientPlan, ClientReport, StreamPlan, client_main, stream_latents
+from .loaddecoder import DecoderOptions, DecoderRun, decoder_main
 from .loadstats import (
     Limits,
     StreamRecord,
@@ -48,6 +50,7 @@ from .loadstats import (
     decided,
     distribution,
     first_window_chunk,
+    generator_problem,
     histogram_delta_quantile,
     largest_holding,
     next_streams,
@@ -116,8 +119,11 @@ class ServerProcess:
 
     _SERVING = re.compile(r"serving codec .* at ws://[^\s]+?:(\d+)/")
 
-    def __init__(self, serve_args: list[str], start_timeout: float) -> None:
+    def __init__(
+        self, serve_args: list[str], start_timeout: float, env: dict[str, str] | None = None
+    ) -> None:
         self.argv = [sys.executable, "-m", "streamdec.cli", "serve", *serve_args]
+        self.env = {**os.environ, **(env or {})}
         self.start_timeout = start_timeout
         self.lines: deque[str] = deque(maxlen=60)
         self.port: int | None = None
@@ -126,7 +132,12 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env=self.env,
         )
         threading.Thread(target=self._pump, name="loadtest-server-output", daemon=True).start()
         if not self._ready.wait(self.start_timeout) or self.port is None:
@@ -291,20 +302,82 @@ def _drive(
     return [reports[i] for i in range(len(pipes))], before, after, t0
 
 
+class WebsocketTarget:
+    """Client processes against a server's stream URL."""
+
+    name = "websocket"
+
+    def __init__(self, url: str, figures: ServerFigures, token: str | None) -> None:
+        self.url, self.figures, self.token = url, figures, token
+
+    def execute(
+        self, plans: list[StreamPlan], s: LoadSettings, geo: CodecGeometry
+    ) -> tuple[list[ClientReport], Probe, Probe, float, int]:
+        clients = _client_plans(self.url, plans, s, geo, self.token)
+        reports, before, after, t0 = _drive(clients, self.figures, connect_timeout=120 + len(plans) / 10)
+        return reports, before, after, t0, len(clients)
+
+
+class DecoderTarget:
+    """The same streams fed to one ``StreamDecoder`` in a process of its own (:mod:`.loaddecoder`)."""
+
+    name = "decoder"
+
+    def __init__(self, options: DecoderOptions, start_timeout: float) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipe, child = ctx.Pipe()
+        self.proc = ctx.Process(target=decoder_main, args=(options, child), daemon=True)
+        self.proc.start()
+        child.close()
+        if not self.pipe.poll(start_timeout):
+            self.close()
+            raise RuntimeError(f"the decoder process did not warm up within {start_timeout:g} s")
+        kind, payload = self.pipe.recv()
+        if kind != "ready":
+            self.close()
+            raise RuntimeError(f"the decoder process failed: {payload}")
+        self.codec: dict[str, Any] = payload
+
+    def _probe(self) -> Probe:
+        assert self.proc.pid is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            cpu = proc_cpu_seconds(f.read(), os.sysconf("SC_CLK_TCK"))
+        self.pipe.send(("metrics",))
+        _kind, text = self.pipe.recv()
+        return Probe(time.monotonic(), cpu, parse_prometheus(text))
+
+    def execute(
+        self, plans: list[StreamPlan], s: LoadSettings, geo: CodecGeometry
+    ) -> tuple[list[ClientReport], Probe, Probe, float, int]:
+        period = s.period_ms / 1000.0 / s.speedup
+        before = self._probe()
+        self.pipe.send(("run", DecoderRun(tuple(plans), s.chunk_frames, period, geo.latent_dim, sampled=0)))
+        _kind, t0 = self.pipe.recv()
+        kind, report = self.pipe.recv()
+        if kind != "report":
+            raise RuntimeError(f"the decoder process failed: {report}")
+        return [report], before, self._probe(), t0, 1
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError):
+                self.pipe.send(("stop",))
+            self.proc.join(timeout=30)
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
 def run_point(
     n: int,
     s: LoadSettings,
     geo: CodecGeometry,
-    url: str,
-    figures: ServerFigures,
+    target: WebsocketTarget | DecoderTarget,
     limits: Limits,
     reference: Reference | None,
-    token: str | None = None,
 ) -> dict[str, Any]:
     """One run at ``n`` streams: its per-stream distributions, server figures, checks and verdict."""
     plans = stream_plans(n, s, geo)
-    clients = _client_plans(url, plans, s, geo, token)
-    reports, before, after, t0 = _drive(clients, figures, connect_timeout=120 + n / 10)
+    reports, before, after, t0, processes = target.execute(plans, s, geo)
     records = [r for report in reports for r in report.records]
     missing = n - len(records)
     summaries = [
@@ -315,26 +388,25 @@ def run_point(
     if missing:
         point["sample_problems"] += missing
         point["sample_problem_examples"].append(f"{missing} stream(s) never reported (client process failed)")
-    client_errors = [r.error for r in reports if r.error]
     wall = after.at - t0
     point["server"] = server_delta(before, after, point["audio_s"])
     point["messages_per_s"] = {
         "latents_in": round(sum(r.latent_messages for r in reports) / wall, 1),
         "audio_out": round(point["audio_messages"] / wall, 1),
     }
+    audio_s = point["audio_s"]
     point["clients"] = {
-        "processes": len(clients),
-        "cpu_s_per_stream_s": round(sum(r.cpu_s for r in reports) / point["audio_s"], 5)
-        if point["audio_s"]
-        else None,
+        "processes": processes,
+        "cpu_s_per_stream_s": round(sum(r.cpu_s for r in reports) / audio_s, 5) if audio_s else None,
         "send_late_ms": distribution([x for r in reports for x in r.send_late_ms]),
-        "errors": client_errors[:5],
+        "errors": [r.error for r in reports if r.error][:5],
     }
     sampled = next((r for r in records if r.pcm is not None), None)
     if reference is not None and sampled is not None and sampled.status == "completed":
         point["reference"] = reference.compare(sampled, s)
     point["reasons"] = verdict(point, limits)
     point["holds"] = not point["reasons"]
+    point["void"] = generator_problem(point, limits)
     return point
 
 
@@ -419,10 +491,12 @@ def sweep(
             break
         point = run(n)
         point["repeat"] = len(runs.get(n, []))
-        runs.setdefault(n, []).append(bool(point["holds"]))
+        if point["void"] is None:
+            runs.setdefault(n, []).append(bool(point["holds"]))
         points.append(point)
         save(points, runs)
         status = "holds" if point["holds"] else "fails: " + "; ".join(point["reasons"])
+        status = status if point["void"] is None else point["void"]
         print(
             f"loadtest: {n} streams (run {point['repeat'] + 1}): p99 TTFA {point['ttfa_decodable_ms']['p99']} ms "
             f"after decodable, {point['underruns']} underruns, server {point['server']['cpu_cores']} cores, "
@@ -437,6 +511,16 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamdec loadtest`` arguments."""
     d, lim, sw = LoadSettings(), Limits(), SweepPlan()
     a = parser.add_argument
+    a("--target", choices=["websocket", "decoder"], default="websocket",
+      help="websocket: a server and client processes; decoder: the same streams into one StreamDecoder in a "
+           "process of its own, loaded as serve would (the comparison point)")  # fmt: skip
+    a(
+        "--precision",
+        default="auto",
+        help="the codec's CUDA precision, as `streamdec serve --precision` (auto)",
+    )
+    a("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
+      help="CUDA: torch.compile cache of the decoder target (serve's default)")  # fmt: skip
     a("--url", help="an already running server's stream URL (default: start `streamdec serve` here)")
     a("--server-pid", type=int, help="with --url: the server's pid, for its CPU time")
     a("--token", default=os.environ.get("STREAMDEC_TOKEN"), help="bearer token (default: $STREAMDEC_TOKEN)")
@@ -447,6 +531,9 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
     a("--simulated-cost-ms", default="0,0", metavar="FIXED,PER_FRAME", help="with --engine simulated (0,0)")
     a("--server-arg", action="append", default=[], metavar="ARG",
       help="extra argument for `streamdec serve` (repeat it), e.g. --server-arg=--precision=fp16x3")  # fmt: skip
+    a("--server-threads", type=int,
+      help="OMP_NUM_THREADS of the server process: torch's intra-op threads, which its event loop also uses "
+           "for small tensor work (default: inherited)")  # fmt: skip
     a("--server-timeout", type=float, default=900.0, help="seconds the server may take to load and warm up")
     a(
         "--reference-device",
@@ -465,6 +552,9 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
     a("--max-runs", type=int, default=40, help="stop after this many runs in all (40)")
     a("--ttfa-limit-ms", type=float, default=lim.ttfa_p99_ms,
       help=f"p99 time to first audio after the first tile became decodable ({lim.ttfa_p99_ms:g} ms)")  # fmt: skip
+    a("--generator-late-ms", type=float, default=lim.generator_late_ms,
+      help="a run whose clients sent a chunk later than this is void and repeated: the load generator, not the "
+           f"server, fell behind ({lim.generator_late_ms:g})")  # fmt: skip
     a("--chunk-frames", type=int, default=d.chunk_frames, help=f"latent frames per chunk ({d.chunk_frames})")
     a(
         "--period-ms",
@@ -529,8 +619,61 @@ def _serve_args(args: argparse.Namespace, s: LoadSettings) -> list[str]:
         "--host", "127.0.0.1", "--port", "0", "--codec", args.codec, "--device", args.device,
         "--max-connections", "100000", "--max-streams", str(max(8, s.streams_per_connection)),
         "--min-emit", str(s.min_emit), "--max-emit", str(s.max_emit),
-        "--engine", args.engine, "--simulated-cost-ms", args.simulated_cost_ms, *args.server_arg,
+        "--engine", args.engine, "--simulated-cost-ms", args.simulated_cost_ms, "--precision", args.precision,
+        "--inductor-cache", args.inductor_cache, *args.server_arg,
     ]  # fmt: skip
+
+
+def _raise_open_files() -> int:
+    """Lift this process's open-file limit to its hard limit: the server and the clients it starts inherit
+    it, and a thousand streams need a thousand sockets on each side. Returns the limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def _open_target(
+    args: argparse.Namespace, s: LoadSettings, result: dict[str, Any], closers: list[Any]
+) -> tuple[WebsocketTarget | DecoderTarget, CodecGeometry]:
+    """Start (or find) what is measured; records how in ``result['server']``; appends its closer."""
+    import json
+
+    engine = {
+        "engine": args.engine,
+        "simulated_cost_ms": args.simulated_cost_ms if args.engine == "simulated" else None,
+    }
+    if args.target == "decoder":
+        options = DecoderOptions(
+            args.codec, args.device, args.engine, args.simulated_cost_ms, args.precision, s.min_emit, s.max_emit,
+            args.inductor_cache,
+        )  # fmt: skip
+        decoder = DecoderTarget(options, args.server_timeout)
+        closers.append(decoder.close)
+        geo = CodecGeometry.from_json(decoder.codec)
+        result["server"] = {"target": "decoder", "options": asdict(options), **engine, "codec": asdict(geo)}
+        return decoder, geo
+    if args.url is None:
+        threads = {} if args.server_threads is None else {"OMP_NUM_THREADS": str(args.server_threads)}
+        server = ServerProcess(_serve_args(args, s), args.server_timeout, threads).__enter__()
+        closers.append(server.__exit__)
+        url, pid = f"ws://127.0.0.1:{server.port}/v1/stream", server.pid
+        result["server"] = {
+            "target": "websocket",
+            "command": shlex.join(server.argv),
+            "pid": pid,
+            "omp_num_threads": server.env.get("OMP_NUM_THREADS"),
+            "output": list(server.lines),
+        }
+    else:
+        url, pid = args.url, args.server_pid
+        result["server"] = {"target": "websocket", "url": url, "pid": pid}
+    figures = ServerFigures(re.sub(r"^ws", "http", url.split("/v1/")[0]), pid)
+    geo = CodecGeometry.from_json(json.loads(figures.get("/healthz"))["codec"])
+    result["server"].update(engine, codec=asdict(geo))
+    return WebsocketTarget(url, figures, args.token), geo
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
@@ -542,17 +685,22 @@ def run_loadtest(args: argparse.Namespace) -> int:
     from .meta import environment, finish_environment
 
     s = _settings(args)
-    limits = Limits(ttfa_p99_ms=args.ttfa_limit_ms)
+    limits = Limits(ttfa_p99_ms=args.ttfa_limit_ms, generator_late_ms=args.generator_late_ms)
     plan = SweepPlan(args.start, args.growth, args.resolution, args.max_streams, args.confirm)
     counts = tuple(int(v) for v in args.streams.split(",")) if args.streams else None
-    device = torch.device(args.device if args.url is None else "cpu")
+    device = torch.device(args.device if args.url is None or args.target == "decoder" else "cpu")
     result: dict[str, Any] = {
-        "what": "real-time streams one server process carries over websockets, clients in separate processes",
+        "what": (
+            "real-time streams one server process carries over websockets, clients in separate processes"
+            if args.target == "websocket"
+            else "real-time streams one StreamDecoder carries in its own process (no websocket path)"
+        ),
         "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
         "environment": environment(device),
         "settings": asdict(s),
         "limits": asdict(limits),
         "sweep": asdict(plan),
+        "open_files_limit": _raise_open_files(),
     }
     out = Path(args.out)
 
@@ -567,35 +715,22 @@ def run_loadtest(args: argparse.Namespace) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
 
-    server: ServerProcess | None = None
+    closers: list[Any] = []
     try:
-        if args.url is None:
-            server = ServerProcess(_serve_args(args, s), args.server_timeout).__enter__()
-            url, pid = f"ws://127.0.0.1:{server.port}/v1/stream", server.pid
-            result["server"] = {"command": shlex.join(server.argv), "pid": pid, "output": list(server.lines)}
-        else:
-            url, pid = args.url, args.server_pid
-            result["server"] = {"url": url, "pid": pid}
-        http = re.sub(r"^ws", "http", url.split("/v1/")[0])
-        figures = ServerFigures(http, pid)
-        geo = CodecGeometry.from_json(json.loads(figures.get("/healthz"))["codec"])
-        result["server"].update(
-            engine=args.engine, simulated_cost_ms=args.simulated_cost_ms if args.engine == "simulated" else None,
-            codec=asdict(geo),
-        )  # fmt: skip
+        target, geo = _open_target(args, s, result, closers)
         reference = (
             None if args.no_reference else Reference(args.codec, args.reference_device, args.engine, geo, s)
         )
 
         def run(n: int) -> dict[str, Any]:
-            return run_point(n, s, geo, url, figures, limits, reference, args.token)
+            return run_point(n, s, geo, target, limits, reference)
 
         _points, runs = sweep(counts, plan, run, save, args.max_runs)
         finish_environment(result["environment"])
         save(result["runs"], runs)
     finally:
-        if server is not None:
-            server.__exit__()
+        for close in closers:
+            close()
     largest = result.get("result", {}).get("largest_streams")
     print(f"loadtest: largest stream count that holds: {largest}; results in {out}", flush=True)
     if args.plot and result.get("runs"):
