@@ -138,12 +138,13 @@ async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
         run: DecoderRun = message[1]
         t0 = time.monotonic() + 0.3
         pipe.send(("started", t0))
-        records = [StreamRecord(p.index, p.frames) for p in run.streams]
+        report = ClientReport(records=[StreamRecord(p.index, p.frames) for p in run.streams])
         cpu0 = time.process_time()
         await asyncio.gather(
-            *(_one(decoder, p, run, t0, r) for p, r in zip(run.streams, records, strict=True))
+            *(_one(decoder, p, run, t0, r, report) for p, r in zip(run.streams, report.records, strict=True))
         )
-        pipe.send(("report", ClientReport(records=records, cpu_s=time.process_time() - cpu0)))
+        report.cpu_s = time.process_time() - cpu0
+        pipe.send(("report", report))
     lag.stop()
     await decoder.aclose()
 
