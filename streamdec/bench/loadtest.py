@@ -401,6 +401,7 @@ def run_point(
         "send_late_ms": distribution([x for r in reports for x in r.send_late_ms]),
         "errors": [r.error for r in reports if r.error][:5],
     }
+    point["worst_stream"] = _worst_stream(records, summaries)
     sampled = next((r for r in records if r.pcm is not None), None)
     if reference is not None and sampled is not None and sampled.status == "completed":
         point["reference"] = reference.compare(sampled, s)
@@ -408,6 +409,23 @@ def run_point(
     point["holds"] = not point["reasons"]
     point["void"] = generator_problem(point, limits)
     return point
+
+
+def _worst_stream(records: list[StreamRecord], summaries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The stream that stalled longest (else the slowest to first audio), with its timeline in ms from its
+    first chunk: (audio received, first sample, samples) per message. It shows where a stall came from."""
+    if not summaries:
+        return None
+    worst = max(summaries, key=lambda x: (x["stall_ms"], x["ttfa_ms"] or 0.0))
+    record = next(r for r in records if r.index == worst["index"])
+    t0 = record.first_sent or 0.0
+    return {
+        **{k: v for k, v in worst.items() if k != "gaps_ms"},
+        "decodable_ms": None
+        if record.decodable_sent is None
+        else round((record.decodable_sent - t0) * 1000, 2),
+        "arrivals": [[round((t - t0) * 1000, 2), start, n] for t, start, n in record.arrivals[:200]],
+    }
 
 
 # -- offline reference -----------------------------------------------------------------------------
@@ -540,6 +558,8 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
         default="cpu",
         help="device of the offline decode the sampled stream is compared with",
     )
+    a("--reference-tolerance", type=float, default=LoadSettings().reference_tolerance,
+      help="largest difference from the offline decode: int16 steps (pcm_s16le) or units of 1e-4 (pcm_f32le) (2)")  # fmt: skip
     a("--no-reference", action="store_true", help="skip the offline comparison of the sampled stream")
     a("--streams", help="explicit stream counts, e.g. 10,20 (default: sweep until the limits break)")
     a("--start", type=int, default=sw.start, help=f"sweep: first stream count ({sw.start})")
@@ -602,6 +622,7 @@ def _settings(args: argparse.Namespace) -> LoadSettings:
         max_emit=args.max_emit,
         fmt=args.format,
         seed=args.seed,
+        reference_tolerance=args.reference_tolerance,
     )
     from streamdec.errors import ConfigError
 
