@@ -84,3 +84,12 @@ async def test_metrics_expose_event_loop_lag() -> None:
     assert f"{name}_last" in first and f"{name}_max" in first
     assert second[f"{name}_count"] > first[f"{name}_count"]
     assert second[f'{name}_bucket{{le="+Inf"}}'] == second[f"{name}_count"]
+
+
+def test_serve_refuses_a_malformed_simulated_cost() -> None:
+    """``serve --engine simulated`` with a cost that is not FIXED,PER_FRAME exits 2 naming the value."""
+    argv = [sys.executable, "-m", "streamdec.cli", "serve", "--port", "0", "--engine", "simulated",
+            "--simulated-cost-ms", "fast"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "ConfigError" in done.stderr and "'fast'" in done.stderr and "FIXED,PER_FRAME" in done.stderr
