@@ -56,6 +56,7 @@ from streamdec.protocol import (
 from streamdec.streaming import StreamDecoder
 
 from .config import ServerConfig
+from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics
 
 __all__ = ["StreamServer"]
@@ -301,11 +302,13 @@ class StreamServer:
         self.shutting_down = False
         self._connections: set[_Connection] = set()
         self._server: Server | None = None
+        self.loop_lag: LoopLagMonitor | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
         """Listen; connections are accepted from here on."""
         cfg = self.config
+        self.loop_lag = LoopLagMonitor.start()
         self._server = await serve(
             self._handle,
             cfg.host,
@@ -343,6 +346,9 @@ class StreamServer:
             conn.ws.transport.abort()
         await self._server.wait_closed()
         self._server = None
+        lag, self.loop_lag = self.loop_lag, None
+        if lag is not None:
+            lag.stop()
 
     async def __aenter__(self) -> StreamServer:
         await self.start()
@@ -447,6 +453,7 @@ class StreamServer:
             hop_size=self.codec.hop_size,
             warm=self.warm,
         )
+        text += self.loop_lag.render() if self.loop_lag is not None else ""
         return _respond(HTTPStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8")
 
     def _index(self) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+from typing import Any
 
 import anyio
 
@@ -43,6 +44,11 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                              "kernel; else fp32), fp32 (CUDA cores), tf32x3 / fp16x3 (split operands on TF32 / "
                              "float16 tensor cores; with Triton float32-accurate and faster) or tf32 (fastest; "
                              "output moves by ~1e-3)")  # fmt: skip
+    parser.add_argument("--engine", choices=["auto", "simulated"], default="auto",
+                        help="auto: the codec device's engine; simulated: a measurement tool that returns stand-in "
+                             "audio after a modelled delay, to measure the host path alone (never for listening)")  # fmt: skip
+    parser.add_argument("--simulated-cost-ms", default="0,0", metavar="FIXED,PER_FRAME",
+                        help="--engine simulated: modelled ms per device call and per window frame (0,0)")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
@@ -78,7 +84,11 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     # On CUDA: warm every bucket at start-up, then freeze; a shape nobody warmed (a clip shorter than the
     # smallest window) is decoded eagerly and counted, never captured mid-serving.
     cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
-    options = cuda_options if codec.pad_latent.device.type == "cuda" else {}
+    options: dict[str, Any] = cuda_options if codec.pad_latent.device.type == "cuda" else {}
+    if args.engine == "simulated":
+        from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
+
+        options = {"engine": SimulatedEngine(codec, cost=SimulatedCost.parse(args.simulated_cost_ms))}
     async with streamdec.StreamDecoder(
         codec, min_emit=args.min_emit, max_emit=args.max_emit, **options
     ) as decoder:

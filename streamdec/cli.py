@@ -142,6 +142,10 @@ _COMMANDS: dict[str, tuple[str, _Command]] = {
         "benchmark tile sizes, tiers, baselines and concurrency",
         ("streamdec.bench.cli", "configure_bench", "run_bench"),
     ),
+    "loadtest": (
+        "measure how many real-time streams one server process carries (client processes, a sweep)",
+        ("streamdec.bench.loadtest", "configure_loadtest", "run_loadtest"),
+    ),
     "convert": (
         "convert a checkpoint (DAC, Stable Audio Open, BigVGAN) to streamdec's safetensors",
         ("streamdec.codecs.convert", "configure_convert", "run_convert"),

@@ -1,0 +1,158 @@
+"""The load test's in-process target: the same paced streams straight into one ``StreamDecoder``.
+
+``streamdec loadtest --target decoder`` measures what the decoder holds without the websocket path, in a
+process of its own (:func:`decoder_main`) that loads the codec and engine as ``streamdec serve`` does,
+warms up once, and then runs each point's streams as async generators feeding ``decode_tiles``. It
+records the same :class:`~streamdec.bench.loadstats.StreamRecord` fields as the websocket clients (a
+chunk counts as sent when the decoder pulls it), so both targets go through one analysis and one sweep,
+and "the websocket path holds X % of what StreamDecoder holds" compares like with like. The load
+generator shares this process's event loop here, as an in-process caller's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .loadclient import ClientReport, StreamPlan, stream_latents
+from .loadstats import StreamRecord
+
+__all__ = ["DecoderOptions", "decoder_main"]
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """What ``streamdec serve`` would be started with."""
+
+    codec: str
+    device: str
+    engine: str  # "auto" or "simulated"
+    simulated_cost_ms: str
+    precision: str
+    min_emit: int
+    max_emit: int
+    inductor_cache: str | None = None
+
+
+@dataclass(frozen=True)
+class DecoderRun:
+    streams: tuple[StreamPlan, ...]
+    chunk_frames: int
+    period_s: float
+    latent_dim: int
+    sampled: int
+
+
+async def _build(options: DecoderOptions) -> Any:
+    from streamdec import StreamDecoder, load_codec
+    from streamdec.codecs.precision import check_precision
+
+    codec = load_codec(options.codec, device=options.device)
+    if options.precision == "auto":
+        codec.use_auto_precision()
+    else:
+        codec.precision = check_precision(options.precision)
+    extra: dict[str, Any] = {}
+    if options.engine == "simulated":
+        from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
+
+        extra["engine"] = SimulatedEngine(codec, cost=SimulatedCost.parse(options.simulated_cost_ms))
+    elif codec.pad_latent.device.type == "cuda":  # as serve: warm every bucket, then never capture again
+        extra.update(on_frozen_miss="eager")
+        if options.inductor_cache:
+            extra.update(inductor_cache_dir=options.inductor_cache)
+    decoder = StreamDecoder(codec, min_emit=options.min_emit, max_emit=options.max_emit, **extra)
+    await decoder.start()
+    await decoder.warmup()
+    decoder.freeze()
+    return decoder
+
+
+async def _one(
+    decoder: Any, plan: StreamPlan, run: DecoderRun, t0: float, record: StreamRecord, report: ClientReport
+) -> None:
+    import torch
+
+    from streamdec.io import pcm16
+
+    hop = decoder.codec.hop_size
+    latents = torch.from_numpy(stream_latents(plan.seed, plan.frames, run.latent_dim))
+    pcm: list[bytes] = []
+
+    async def chunks() -> AsyncIterator[torch.Tensor]:
+        begin = t0 + plan.offset_s
+        for k, start in enumerate(range(0, plan.frames, run.chunk_frames)):
+            delay = begin + k * run.period_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = time.monotonic()
+            report.send_late_ms.append(max(0.0, now - begin - k * run.period_s) * 1000.0)
+            report.latent_messages += 1
+            record.first_sent = now if k == 0 else record.first_sent
+            record.decodable_sent = now if k == plan.decodable_chunk else record.decodable_sent
+            yield latents[start : start + run.chunk_frames]
+        if record.decodable_sent is None:
+            record.decodable_sent = time.monotonic()
+
+    try:
+        async with decoder.decode_tiles(chunks()) as tiles:
+            async for tile in tiles:
+                record.arrivals.append((time.monotonic(), tile.start_frame * hop, tile.frames * hop))
+                if plan.index == run.sampled:
+                    pcm.append(pcm16(tile.samples))
+        record.status, record.done_samples = "completed", sum(n for _t, _s, n in record.arrivals)
+    except Exception as exc:  # one stream's failure is its record's, not the run's
+        record.errors.append(f"{type(exc).__name__}: {exc}")
+    if plan.index == run.sampled:
+        record.pcm = b"".join(pcm)
+
+
+async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
+    from streamdec.server.looplag import LoopLagMonitor
+
+    decoder = await _build(options)
+    lag = LoopLagMonitor.start()
+    codec = decoder.codec
+    left, right = decoder.left, decoder.right
+    geometry = {
+        "name": codec.name,
+        "latent_dim": codec.latent_dim,
+        "hop_size": codec.hop_size,
+        "sample_rate": codec.sample_rate,
+        "channels": codec.channels,
+        "context": [left, right],
+    }
+    loop = asyncio.get_running_loop()
+    pipe.send(("ready", geometry))
+    while True:
+        message = await loop.run_in_executor(None, pipe.recv)
+        if message[0] == "metrics":
+            pipe.send(("metrics", lag.render()))
+            continue
+        if message[0] != "run":
+            break
+        run: DecoderRun = message[1]
+        t0 = time.monotonic() + 0.3
+        pipe.send(("started", t0))
+        report = ClientReport(records=[StreamRecord(p.index, p.frames) for p in run.streams])
+        cpu0 = time.process_time()
+        await asyncio.gather(
+            *(_one(decoder, p, run, t0, r, report) for p, r in zip(run.streams, report.records, strict=True))
+        )
+        report.cpu_s = time.process_time() - cpu0
+        pipe.send(("report", report))
+    lag.stop()
+    await decoder.aclose()
+
+
+def decoder_main(options: DecoderOptions, pipe: Connection) -> None:
+    """Entry point of the decoder process: build and warm the decoder, then serve runs sent on ``pipe``."""
+    try:
+        asyncio.run(_serve_runs(options, pipe))
+    except Exception as exc:  # the parent reports it and stops
+        pipe.send(("failed", f"{type(exc).__name__}: {exc}"))
+    pipe.close()

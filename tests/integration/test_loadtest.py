@@ -1,0 +1,95 @@
+"""``streamdec loadtest`` end to end: a real server subprocess, client processes, the JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from streamdec.bench.loadstats import parse_prometheus
+from support.server_support import running_server, tiny_codec
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _loadtest(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    out = tmp_path / "load.json"
+    # Limits far above anything a shared CPU shows: this checks the fields, not the speed.
+    argv = [
+        sys.executable, "-m", "streamdec.cli", "loadtest", "--engine", "simulated", "--simulated-cost-ms", "1,0.01",
+        "--seconds", "1.5", "--spread", "0.2", "--prebuffer-ms", "5000", "--ttfa-limit-ms", "60000",
+        "--streams-per-process", "2", "--confirm", "1", "--out", str(out), *extra,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=280)
+    assert out.exists(), done.stdout + done.stderr
+    return done, json.loads(out.read_text())
+
+
+def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
+    """Three streams in two client processes against a simulated-engine server: every field is there."""
+    done, result = _loadtest(tmp_path, "--streams", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loadtest: largest stream count that holds: 3" in done.stdout
+    env = result["environment"]
+    assert env["git_commit"] and env["torch"] and env["device"] == "cpu"
+    assert "loadtest" in result["command"] and "--engine simulated" in result["server"]["command"]
+    assert result["server"]["codec"]["name"] == "tiny"
+    assert result["result"] == {
+        "largest_streams": 3,
+        "smallest_failing": None,
+        "runs_by_streams": {"3": [True]},
+    }
+    (run,) = result["runs"]
+    assert run["streams"] == 3 and run["sample_problems"] == 0 and run["holds"]
+    assert run["clients"]["processes"] == 2 and not run["clients"]["errors"]
+    assert run["reference"]["ok"] and run["reference"]["max_diff"] == 0
+    assert run["ttfa_ms"]["n"] == 3 and run["ttfa_decodable_ms"]["p99"] <= run["ttfa_ms"]["p99"]
+    assert run["underruns"] == 0 and run["audio_messages"] >= 3
+    server = run["server"]
+    assert server["cpu_s"] > 0 and server["cpu_s_per_stream_s"] > 0
+    assert server["bytes_in_per_s"] > 0 and server["bytes_out_per_s"] > 0
+    assert server["loop_lag_ms"]["p99"] is not None and server["loop_lag_ms"]["max"] is not None
+    assert run["messages_per_s"]["latents_in"] > 0 and run["messages_per_s"]["audio_out"] > 0
+
+
+def test_loadtest_reports_a_failing_limit_and_exits_nonzero(tmp_path: Path) -> None:
+    """A first-audio limit no server meets fails the run with the reason, and nothing holds."""
+    done, result = _loadtest(tmp_path, "--streams", "2", "--ttfa-limit-ms", "0.000001")
+    assert done.returncode == 1
+    (run,) = result["runs"]
+    assert not run["holds"] and "p99 time to first audio" in run["reasons"][0]
+    assert result["result"]["largest_streams"] is None and result["result"]["smallest_failing"] == 2
+
+
+async def test_metrics_expose_event_loop_lag() -> None:
+    """/metrics carries the lag gauges and histogram, and the histogram counts samples as time passes."""
+    async with running_server(tiny_codec()) as server:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def scrape() -> dict[str, float]:
+            with opener.open(url, timeout=10) as response:
+                return parse_prometheus(response.read().decode())
+
+        first = await anyio.to_thread.run_sync(scrape)
+        await anyio.sleep(0.2)
+        second = await anyio.to_thread.run_sync(scrape)
+    name = "streamdec_event_loop_lag_seconds"
+    assert f"{name}_last" in first and f"{name}_max" in first
+    assert second[f"{name}_count"] > first[f"{name}_count"]
+    assert second[f'{name}_bucket{{le="+Inf"}}'] == second[f"{name}_count"]
+
+
+def test_serve_refuses_a_malformed_simulated_cost() -> None:
+    """``serve --engine simulated`` with a cost that is not FIXED,PER_FRAME exits 2 naming the value."""
+    argv = [sys.executable, "-m", "streamdec.cli", "serve", "--port", "0", "--engine", "simulated",
+            "--simulated-cost-ms", "fast"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "ConfigError" in done.stderr and "'fast'" in done.stderr and "FIXED,PER_FRAME" in done.stderr

@@ -1,0 +1,142 @@
+"""The simulated engine (a measurement tool): cost model, stand-in audio, batching, and the Engine contract."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import streamdec
+from streamdec import StreamDecoder
+from streamdec.engine.base import WindowRequest
+from streamdec.engine.simulated import (
+    SimulatedCost,
+    SimulatedEngine,
+    call_seconds,
+    plan_calls,
+    sine_period,
+    stand_in_audio,
+)
+from streamdec.errors import ConfigError, EngineClosedError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def codec() -> Any:
+    return streamdec.load_codec("tiny", device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("text", "cost"),
+    [("2,0.01", SimulatedCost(2.0, 0.01)), ("0,0", SimulatedCost()), (" 1.5 ", SimulatedCost(1.5, 0.0))],
+)
+def test_cost_parses_fixed_and_per_frame_ms(text: str, cost: SimulatedCost) -> None:
+    assert SimulatedCost.parse(text) == cost
+
+
+@pytest.mark.parametrize("text", ["", "a,b", "1,2,3", "-1,0", "nan", "1,inf"])
+def test_bad_cost_is_a_config_error_naming_the_value(text: str) -> None:
+    with pytest.raises(ConfigError, match="simulated cost"):
+        SimulatedCost.parse(text)
+
+
+def test_call_seconds_is_fixed_plus_per_frame_over_all_rows() -> None:
+    assert call_seconds(SimulatedCost(2.0, 0.5), [10, 30]) == pytest.approx((2.0 + 0.5 * 40) / 1000)
+
+
+def _request(
+    frames: int, deadline: float = 0.0, first: float = 0.0, emit: tuple[int, int] = (0, 4)
+) -> WindowRequest:
+    latents = torch.zeros(frames, 8)
+    latents[:, 0] = first
+    return WindowRequest(0, latents, emit[0], emit[1], deadline)
+
+
+def test_plan_calls_orders_by_deadline_and_caps_the_batch() -> None:
+    requests = [_request(8, deadline=d) for d in (3.0, 1.0, 2.0, 0.5, 9.0)]
+    assert plan_calls(requests, 2) == [[3, 1], [2, 0], [4]]
+
+
+def test_stand_in_audio_has_the_emitted_shape_and_follows_the_latents() -> None:
+    """``[channels, emit * hop]`` float32, never silent, and a function of the emitted frames only."""
+    period = sine_period(480)
+    quiet, loud = _request(20, first=-3.0, emit=(5, 6)), _request(20, first=3.0, emit=(5, 6))
+    a, b = stand_in_audio(quiet, period, 2), stand_in_audio(loud, period, 2)
+    assert a.shape == (2, 6 * 480) and a.dtype == torch.float32
+    assert float(a.abs().max()) > 0 and not torch.equal(a, b)
+    assert float(b.abs().max()) <= 0.5 + 1e-6
+    shifted = WindowRequest(0, quiet.latents[2:], 3, 6)  # same emitted frames, another window
+    assert torch.equal(stand_in_audio(shifted, period, 2), a)
+
+
+async def test_windows_queued_during_a_call_share_the_next_call(codec: Any) -> None:
+    """Like a device: while one call runs, arriving windows queue and then go out as one batch."""
+    entered, release = threading.Event(), threading.Event()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        entered.set()
+        release.wait(10)
+
+    engine = SimulatedEngine(codec, cost=SimulatedCost(1.0, 0.0), sleep=sleep)
+    await engine.start()
+    first = asyncio.ensure_future(engine.decode_window(_request(16)))
+    await asyncio.to_thread(entered.wait, 10)
+    rest = [asyncio.ensure_future(engine.decode_window(_request(16))) for _ in range(5)]
+    await asyncio.sleep(0.05)  # let the five reach the queue
+    release.set()
+    outputs = await asyncio.gather(first, *rest)
+    stats = engine.stats
+    await engine.aclose()
+    assert [tuple(o.shape) for o in outputs] == [(codec.channels, 4 * codec.hop_size)] * 6
+    assert stats.windows == 6 and stats.decodes == 2
+    assert slept == [pytest.approx(0.001)] * 2
+
+
+async def test_a_cancelled_queued_window_is_never_decoded(codec: Any) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def sleep(seconds: float) -> None:
+        entered.set()
+        release.wait(10)
+
+    engine = SimulatedEngine(codec, cost=SimulatedCost(1.0, 0.0), sleep=sleep)
+    first = asyncio.ensure_future(engine.decode_window(_request(16)))
+    await asyncio.to_thread(entered.wait, 10)
+    doomed = asyncio.ensure_future(engine.decode_window(_request(16)))
+    await asyncio.sleep(0.01)
+    doomed.cancel()
+    release.set()
+    await first
+    await engine.aclose()
+    assert engine.stats.windows == 1 and engine.stats.cancelled == 1
+    with pytest.raises(EngineClosedError):
+        await engine.decode_window(_request(16))
+
+
+@settings(max_examples=25, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12), seed=st.integers(0, 2**16))
+def test_streamed_equals_offline_for_every_chunking(codec: Any, chunks: list[int], seed: int) -> None:
+    """For all chunkings: decode_tiles through the simulated engine equals decode() of the whole clip."""
+    total = sum(chunks)
+    latents = torch.randn(total, codec.latent_dim, generator=torch.Generator().manual_seed(seed))
+
+    async def run() -> tuple[torch.Tensor, torch.Tensor]:
+        async with StreamDecoder(codec, engine=SimulatedEngine(codec), max_emit=16) as dec:
+            parts, begin = [], 0
+            for n in chunks:
+                parts.append(latents[begin : begin + n])
+                begin += n
+            tiles = [t.samples async for t in dec.decode_tiles(parts)]
+            return torch.cat(tiles, dim=-1), await dec.decode(latents)
+
+    streamed, offline = asyncio.run(run())
+    assert streamed.shape == (codec.channels, total * codec.hop_size)
+    assert torch.equal(streamed, offline)
