@@ -1,0 +1,148 @@
+"""The stateful twin of each family, called directly: prime, steps and flush equal the whole-clip decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import streamdec
+from streamdec.codecs.stateful import StatefulNet, supports_stateful
+from streamdec.engine.scheduler import Scheduler
+from streamdec.engine.slots import SlotAllocator, StatePool
+from streamdec.errors import ConfigError, TooManyStreamsError
+from streamdec.session import StatefulSession, StepPolicy
+
+FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
+_NETS: dict[str, tuple[streamdec.Codec, StatefulNet]] = {}
+
+
+def net_of(name: str) -> tuple[streamdec.Codec, StatefulNet]:
+    if name not in _NETS:
+        codec = streamdec.load_codec(name)
+        _NETS[name] = (codec, StatefulNet(codec))
+    return _NETS[name]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_right_frames_equal_the_exact_context(name: str) -> None:
+    """The stateful lag is the codec's exact right context, and a prime needs one frame more."""
+    codec, net = net_of(name)
+    assert net.right_frames == codec.context_frames()[1]
+    assert net.min_prime_frames == net.right_frames + 1
+    assert supports_stateful(codec)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    name=st.sampled_from(FAMILIES),
+    extra=st.integers(0, 6),
+    steps=st.lists(st.integers(1, 9), max_size=4),
+    tail=st.integers(0, 5),
+    seed=st.integers(0, 5),
+)
+def test_prime_steps_flush_equal_whole_clip(
+    name: str, extra: int, steps: list[int], tail: int, seed: int
+) -> None:
+    """For any prime length, step sizes and final chunk, the pieces concatenate to codec.decode (1e-5),
+    batched over two rows at once."""
+    codec, net = net_of(name)
+    n0 = net.min_prime_frames + extra
+    total = n0 + sum(steps) + tail
+    z = torch.randn(2, total, codec.latent_dim, generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        audio, state = net.prime(z[:, :n0])
+        pieces, at = [audio], n0
+        for n in steps:
+            audio, state = net.step(z[:, at : at + n], state)
+            pieces.append(audio)
+            at += n
+        pieces.append(net.flush(z[:, at:], state))
+    out = torch.cat(pieces, dim=-1)
+    torch.testing.assert_close(out, codec.decode(z), atol=1e-5, rtol=0)
+
+
+def test_pool_rows_are_independent_and_padding_rows_touch_only_scratch() -> None:
+    """Streams in one pool step independently; a batch's padding rows write only the scratch slot."""
+    codec, net = net_of("tiny")
+    pool = StatePool(net, 3, device=torch.device("cpu"), dtype=torch.float32)
+    z = torch.randn(2, 30, codec.latent_dim)
+    with torch.inference_mode():
+        a0 = pool.prime(torch.tensor([2, 0]), z[:, :12])
+        before = [t[1].clone() for t in pool.tensors]
+        a1 = pool.step(torch.tensor([0, 3]), z[:1, 12:16].expand(2, -1, -1).contiguous())  # row 2: scratch
+        a2 = pool.step(torch.tensor([2]), z[:1, 12:16])
+        rest = pool.flush(torch.tensor([0, 2]), torch.stack([z[1, 16:], z[0, 16:]]))
+    assert all(torch.equal(t[1], b) for t, b in zip(pool.tensors, before, strict=True))  # slot 1 untouched
+    stream0 = torch.cat([a0[0], a2[0], rest[1]], dim=-1)
+    stream1 = torch.cat([a0[1], a1[0], rest[0]], dim=-1)
+    torch.testing.assert_close(stream0, codec.decode(z[:1])[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        stream1, codec.decode(torch.cat([z[1:, :12], z[:1, 12:16], z[1:, 16:]], 1))[0], atol=1e-5, rtol=0
+    )
+
+
+def test_slot_allocator_refuses_and_reuses() -> None:
+    """Slots go lowest first; a full allocator raises TooManyStreamsError; a given-back slot is reused."""
+    slots = SlotAllocator(2)
+    assert [slots.take(), slots.take()] == [0, 1]
+    with pytest.raises(TooManyStreamsError, match="all 2 stream slots"):
+        slots.take()
+    slots.give_back(0)
+    assert slots.take() == 0
+    with pytest.raises(ConfigError):
+        slots.give_back(5)
+
+
+def test_step_policy_shapes_and_validation() -> None:
+    """The default policy covers every remainder with its step sizes and refuses impossible ones."""
+    policy = StepPolicy.default(right_frames=7, min_prime=8, min_step=4, max_step=16)
+    assert policy.step_sizes == (1, 2, 4, 8, 16)
+    assert policy.prime_sizes == (11, 15, 23)
+    assert ("flush", 0) in policy.shapes() and ("prime", 11) in policy.shapes()
+    with pytest.raises(ConfigError, match="must include 1"):
+        StepPolicy((2, 4), (11,), 4, 7)
+    with pytest.raises(ConfigError, match="must exceed right_frames"):
+        StepPolicy((1, 4), (7,), 4, 7)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "calls"),
+    [
+        pytest.param([5], [("whole", 5)], id="too-short-to-prime"),
+        pytest.param([11], [("prime", 11), ("flush", 0)], id="prime-then-flush"),
+        pytest.param([11, 4, 3], [("prime", 11), ("step", 4), ("step", 2), ("flush", 1)], id="remainder"),
+        pytest.param([12, 4], [("prime", 11), ("step", 1), ("flush", 4)], id="flush-takes-last-chunk"),
+    ],
+)
+def test_session_plans_calls(chunks: list[int], calls: list[tuple[str, int]]) -> None:
+    """A stateful session turns chunks into prime, step and flush calls that emit every frame once."""
+    policy = StepPolicy.default(right_frames=7, min_prime=8, min_step=4, max_step=16)
+    session = StatefulSession(policy, latent_dim=2, hop_size=1, pad_latent=torch.zeros(2))
+    got, emitted = [], 0
+    for n in chunks:
+        session.feed(torch.zeros(n, 2))
+        while (job := session.next_job()) is not None:
+            got.append((job.kind, int(job.latents.shape[0])))
+            assert job.emit_start == emitted
+            emitted = job.emit_end
+    session.end()
+    while (job := session.next_job()) is not None:
+        got.append((job.kind, int(job.latents.shape[0])))
+        assert job.emit_start == emitted
+        emitted = job.emit_end
+    assert got == calls
+    assert emitted == sum(chunks) and session.finished
+
+
+def test_scheduler_holds_work_until_its_deadline_nears_or_its_bucket_fills() -> None:
+    """hold(): wait while the earliest deadline is beyond the lead; pop once it nears or the bucket is full."""
+    s: Scheduler[int] = Scheduler((1, 2, 4), kind_limits={"prime": 2})
+    s.push(0, 4, deadline=10.0, kind="step")
+    assert s.hold(now=9.0, lead=0.5) == pytest.approx(0.5)
+    assert s.hold(now=9.6, lead=0.5) is None
+    for i in range(3):
+        s.push(i + 1, 4, deadline=10.0, kind="step")
+    assert s.hold(now=9.0, lead=0.5) is None  # four rows fill the largest bucket
+    assert s.buckets_for("prime", 11) == (1, 2)
