@@ -73,7 +73,9 @@ def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -
             f"(frames first, latent_dim={latent_dim} last)"
         )
     tensor = tensor.detach().to(device="cpu", dtype=torch.float32)
-    if not allow_non_finite and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+    # One float64 sum is finite exactly when every float32 element is (it cannot overflow), and costs a
+    # few microseconds against tens for an elementwise isfinite on a small chunk.
+    if not allow_non_finite and tensor.numel() and not np.isfinite(tensor.numpy().sum(dtype=np.float64)):
         bad = int((~torch.isfinite(tensor)).any(dim=1).nonzero()[0])
         raise NonFiniteError(
             f"latent chunk holds NaN or Inf (first at frame {bad} of {tensor.shape[0]}): fix the producer, "

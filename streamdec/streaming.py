@@ -34,6 +34,11 @@ from .session import Job, StatefulSession, StepJob, StepPolicy, StreamSession, T
 Mode = Literal["stateful", "halo"]
 #: stateful stream slots a decoder allocates when ``max_streams`` is not given
 DEFAULT_MAX_STREAMS = 64
+#: how long before a listener would run dry its ready frames are flushed, beyond the recent decode time:
+#: the trip to the listener, event-loop lag included (10 ms under-ran at 60 streams on a loaded host)
+FLUSH_MARGIN_S = 0.04
+#: the shortest wait for a chunk before flushing: a source with the next chunk at hand delivers it within
+MIN_PULL_WAIT_S = 0.001
 #: the largest stateful step when ``max_emit`` is not given: more frames per call buy little once a
 #: frame is decoded once, and every step size is a captured shape
 DEFAULT_MAX_STEP = 16
@@ -342,7 +347,7 @@ class TileStream(AsyncIterator[Tile]):
             flush_in = self._flush_in()
             try:
                 # At least 1 ms: a source that has the next chunk at hand delivers it within that.
-                chunk = await self._pull(timeout=None if flush_in is None else max(flush_in, 0.001))
+                chunk = await self._pull(timeout=None if flush_in is None else max(flush_in, MIN_PULL_WAIT_S))
             except StopAsyncIteration:
                 self.session.end()
                 continue
@@ -359,9 +364,9 @@ class TileStream(AsyncIterator[Tile]):
         if self.first_audio_at is None or self.session.ready_frames == 0:
             return None
         # Lead: this stream's recent submit-to-result time (queueing behind other streams included),
-        # plus 10 ms for the trip to the listener. A larger lead flushes more often and, on a device
-        # whose decode time is near the audio a tile carries, costs more windows than it saves stalls.
-        return self._deadline() - (self._decode_s + 0.01) - time.monotonic()
+        # plus the trip to the listener. A larger lead flushes more often and, on a device whose decode
+        # time is near the audio a tile carries, costs more windows than it saves stalls.
+        return self._deadline() - (self._decode_s + FLUSH_MARGIN_S) - time.monotonic()
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
@@ -373,6 +378,8 @@ class TileStream(AsyncIterator[Tile]):
                 return next(self._source)  # type: ignore[arg-type]
             except StopIteration:
                 raise StopAsyncIteration from None
+        if self._pending is None and timeout is None:
+            return await self._source.__anext__()  # type: ignore[union-attr]  # no flush timer: no task needed
         if self._pending is None:
             # A task, so that a timeout leaves the pull running (cancelling it would close the source).
             self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]
