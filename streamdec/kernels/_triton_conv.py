@@ -5,7 +5,7 @@ Computes ``y[b, o, t] = bias[o] + sum_j sum_c w[o, c, j] * x[b, c, t + j * dil]`
 contiguous ``x`` (stride 1, groups 1) as an implicit GEMM: ``M`` = output channels, ``N`` = output
 samples, the reduction runs over (tap, input-channel block) steps.
 
-Both operands arrive split (:func:`streamdec.codecs.precision.split_tf32`: ``x = x_hi + x_lo`` and
+Both operands arrive split (:func:`streamdec.kernels.split.split_tf32`: ``x = x_hi + x_lo`` and
 ``w = w_hi + w_lo`` exactly, the heads TF32). Each step multiplies on the TF32 tensor cores three times,
 ``w_lo * x_hi + w_hi * x_lo + w_hi * x_hi``, into a fresh partial accumulator that is then added to the
 running sum by an ordinary float32 add. Why: on an H200 the tensor cores' accumulator loses a little at

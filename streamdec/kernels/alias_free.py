@@ -19,7 +19,6 @@ path unchanged.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels.availability import HAS_TRITON
 
 __all__ = [
     "ENV_DISABLE",
@@ -42,7 +42,6 @@ TAPS = 12
 ENV_DISABLE = "STREAMDEC_NO_FUSED"
 # Read once at import: torch.compile traces module constants, not the live environment.
 ENV_DISABLED = os.environ.get(ENV_DISABLE, "").strip() == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 # Which Triton kernel the CUDA implementation launches: "blocked" (default: 2.6x faster than "staged" over
 # auk-24k's activations on the H200, see docs/kernels.md) or "staged". Read at each call, so a change
 # applies to the next eager call or capture, not to graphs already captured.
