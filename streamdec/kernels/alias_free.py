@@ -13,18 +13,17 @@ On CUDA the op runs one Triton kernel (the variant named by :data:`VARIANT`); on
 opaque node and CUDA graphs capture its launch.
 
 :func:`fused_supported` is the dispatch rule the layer uses: CUDA, float32, rank 3, Triton importable, and
-``STREAMDEC_NO_FUSED`` not set to ``1`` when this module was imported. Everything else keeps the reference
+``STREAMDEC_NO_FUSED`` not on when this module was imported (:mod:`streamdec.settings`). Everything else keeps the reference
 path unchanged.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.availability import HAS_TRITON
 
@@ -39,13 +38,13 @@ __all__ = [
 ]
 
 TAPS = 12
-ENV_DISABLE = "STREAMDEC_NO_FUSED"
+ENV_DISABLE = settings.NO_FUSED.name
 # Read once at import: torch.compile traces module constants, not the live environment.
-ENV_DISABLED = os.environ.get(ENV_DISABLE, "").strip() == "1"
+ENV_DISABLED = settings.NO_FUSED.value()
 # Which Triton kernel the CUDA implementation launches: "blocked" (default: 2.6x faster than "staged" over
 # auk-24k's activations on the H200, see docs/kernels.md) or "staged". Read at each call, so a change
 # applies to the next eager call or capture, not to graphs already captured.
-VARIANT = os.environ.get("STREAMDEC_FUSED_VARIANT", "blocked")
+VARIANT = settings.FUSED_VARIANT.value()
 
 
 def fused_supported(x: Tensor) -> bool:

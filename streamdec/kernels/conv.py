@@ -33,12 +33,11 @@ convolution per output phase.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.availability import HAS_TRITON
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_tf32
@@ -54,9 +53,9 @@ __all__ = [
     "triton_conv_supported",
 ]
 
-ENV_ENABLE = "STREAMDEC_TRITON_CONV"
+ENV_ENABLE = settings.TRITON_CONV.name
 # Read once at import, like STREAMDEC_NO_FUSED: compiled graphs trace module constants.
-ENABLED = os.environ.get(ENV_ENABLE, "").strip() != "0"
+ENABLED = settings.TRITON_CONV.value()
 
 
 def triton_conv_supported(x: Tensor) -> bool:
