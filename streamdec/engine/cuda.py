@@ -441,10 +441,6 @@ class CudaGraphEngine(Engine):
         tiers = self.tiers
         return {(k.batch, k.frames): (g.tier, g.replay_ms) for k, g in tiers.buckets.items()}
 
-    async def retire_generation(self) -> None:
-        """Retire the ad-hoc graph generation now (normally done when ``max_graphs`` is reached)."""
-        await self._call_on_device(self.tiers.retire_generation)
-
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
     with contextlib.suppress(RuntimeError):

@@ -263,10 +263,6 @@ class GraphTiers:
         self.retired_generations += 1
         torch.cuda.empty_cache()  # hand the released pool's blocks back to the device
 
-    @property
-    def generation_index(self) -> int | None:
-        return None if self._generation is None else self._generation.index
-
     # -- capture --------------------------------------------------------------------------------------
 
     def random_input(self, key: BucketKey, seed: int = 0) -> Tensor:

@@ -21,7 +21,6 @@ greedy (as a budget-bucketed encoder graph manager packs) is the special case ``
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
@@ -177,11 +176,6 @@ class Scheduler(Generic[T]):
         self.pending -= len(taken)
         self._prune(frames)
         return BucketKey(batch, frames), taken
-
-    def bucket_for(self, count: int) -> int | None:
-        """Smallest batch bucket holding ``count`` rows, or None when ``count`` exceeds the largest."""
-        i = bisect.bisect_left(self.batch_buckets, count)
-        return self.batch_buckets[i] if i < len(self.batch_buckets) else None
 
     def drain(self) -> list[T]:
         """Remove and return every live payload (engine shutdown)."""
