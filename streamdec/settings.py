@@ -10,7 +10,6 @@ One parsing rule per type:
   (any case, surrounding spaces ignored); anything else is a :class:`~streamdec.errors.ConfigError` that
   names the variable, the value and the accepted spellings.
 * text: the value as given; empty means unset.
-* choice: one of the declared values, else a :class:`~streamdec.errors.ConfigError`.
 
 The environment is the process's, read when the moment comes; the package never writes ``STREAMDEC_*``
 or any other variable while it runs. The one process-wide variable it may set,
@@ -29,7 +28,6 @@ from streamdec.errors import ConfigError
 
 __all__ = [
     "COMMIT",
-    "FUSED_VARIANT",
     "NO_COMPILE",
     "NO_FUSED",
     "NO_GRAPHS",
@@ -73,16 +71,6 @@ def _parse_text(name: str, raw: str) -> str | None:
     return raw or None
 
 
-def _choices(*allowed: str) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        value = raw.strip()
-        if value not in allowed:
-            raise ConfigError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
-
 @dataclass(frozen=True)
 class Setting(Generic[T]):
     """One environment variable: its name, default, parser, the moment it is read, and what it does."""
@@ -91,7 +79,7 @@ class Setting(Generic[T]):
     default: T
     parse: Callable[[str, str], T]
     read: Moment
-    kind: str  # "switch", "text" or "choice: a, b": how docs/settings.md names the type
+    kind: str  # "switch" or "text": how docs/settings.md names the type
     doc: str
 
     def value(self, environ: Mapping[str, str] | None = None) -> T:
@@ -121,10 +109,6 @@ NO_COMPILE = _declare(Setting(
 NO_FUSED = _declare(Setting(
     "STREAMDEC_NO_FUSED", False, parse_switch, "import", "switch",
     "Turn the fused alias-free activation kernel off: every activation takes the reference path.",
-))  # fmt: skip
-FUSED_VARIANT = _declare(Setting(
-    "STREAMDEC_FUSED_VARIANT", "blocked", _choices("blocked", "staged"), "import", "choice: blocked, staged",
-    "Which Triton kernel the fused alias-free activation launches (`blocked` is the faster).",
 ))  # fmt: skip
 TRITON_CONV = _declare(Setting(
     "STREAMDEC_TRITON_CONV", True, parse_switch, "import", "switch",

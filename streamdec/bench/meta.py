@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import settings
+from ..kernels import alias_free
 
 __all__ = [
     "ResultFile",
@@ -97,12 +98,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         # policy is the codec's precision, recorded with the codec.
         "streamdec_env": settings.recorded(),
     }
-    try:
-        from streamdec.kernels import alias_free
-
-        env["fused_alias_free"] = {"disabled": alias_free.ENV_DISABLED, "variant": alias_free.VARIANT}
-    except ImportError:  # kernels not present in this checkout
-        pass
+    env["fused_alias_free"] = {"disabled": alias_free.ENV_DISABLED}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)

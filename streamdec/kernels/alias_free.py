@@ -8,7 +8,7 @@ equal (to float32 rounding, see ``docs/kernels.md``) to
 :meth:`streamdec.codecs.layers.AliasFreeActivation.forward`: 2x polyphase upsample with replicate edges,
 SnakeBeta, causal 12-tap low-pass with replicate left edge, decimation by 2.
 
-On CUDA the op runs one Triton kernel (the variant named by :data:`VARIANT`); on the CPU it runs
+On CUDA the op runs one Triton kernel (:mod:`streamdec.kernels._triton_alias_free`); on the CPU it runs
 :func:`polyphase_reference`. It has a fake (meta) implementation, so ``torch.compile`` traces it as one
 opaque node and CUDA graphs capture its launch.
 
@@ -30,7 +30,6 @@ from streamdec.kernels.availability import HAS_TRITON
 __all__ = [
     "ENV_DISABLE",
     "TAPS",
-    "VARIANT",
     "alias_free_activation",
     "alias_free_activation_peak",
     "fused_supported",
@@ -41,10 +40,6 @@ TAPS = 12
 ENV_DISABLE = settings.NO_FUSED.name
 # Read once at import: torch.compile traces module constants, not the live environment.
 ENV_DISABLED = settings.NO_FUSED.value()
-# Which Triton kernel the CUDA implementation launches: "blocked" (default: 2.6x faster than "staged" over
-# auk-24k's activations on the H200, see docs/kernels.md) or "staged". Read at each call, so a change
-# applies to the next eager call or capture, not to graphs already captured.
-VARIANT = settings.FUSED_VARIANT.value()
 
 
 def fused_supported(x: Tensor) -> bool:
@@ -86,8 +81,8 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
 
 
 def _run_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, *, peak: Tensor | None) -> Tensor:
-    """Launch the selected kernel over ``x`` flattened to rows; given ``peak`` (int32 ``[B]``, zeroed,
-    since the kernel only raises it) the blocked kernel also takes the batch rows' peak bits."""
+    """Launch the kernel over ``x`` flattened to rows; given ``peak`` (int32 ``[B]``, zeroed, since the
+    kernel only raises it) it also takes the batch rows' peak bits."""
     _check(x, filt, alpha_exp, beta_inv)
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
@@ -96,10 +91,7 @@ def _run_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, *, p
     out = torch.empty_like(flat)
     args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
     with torch.cuda.device(x.device):  # Triton launches on the current device
-        if peak is None:
-            tk.LAUNCHERS[VARIANT](*args)
-        else:
-            tk.launch_blocked(*args, peak)
+        tk.launch_blocked(*args, peak)
     return out.view(batch, channels, length)
 
 
@@ -125,9 +117,6 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Ten
 
 @alias_free_activation_peak.register_kernel("cuda")
 def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Tensor, Tensor]:
-    if VARIANT != "blocked":  # only the blocked kernel takes the peaks as it writes
-        out = alias_free_activation(x, filt, alpha_exp, beta_inv)
-        return out, _peak_bits(out)
     peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
     return _run_cuda(x, filt, alpha_exp, beta_inv, peak=peak), peak
 
