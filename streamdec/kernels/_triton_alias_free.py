@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from streamdec.kernels.sizing import pow2_block
+
 _INV_PI: tl.constexpr = tl.constexpr(0.3183098861837907)
 _PI_HI: tl.constexpr = tl.constexpr(3.1415927410125732)  # float32(pi)
 _PI_LO: tl.constexpr = tl.constexpr(-8.742278000372475e-08)  # pi - float32(pi)
@@ -190,10 +192,6 @@ def _af_blocked_kernel(
         tl.atomic_max(peak_ptr + row // C, tl.max(tl.max(bits, axis=1), axis=0))
 
 
-def _pow2_block(length: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(length, 1))))
-
-
 BLOCKED_K = 8  # outputs per lane
 _MIN_LANES, _MAX_LANES = 32, 128  # one to four warps per program
 
@@ -211,7 +209,7 @@ def launch_blocked(
     One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
     ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
     rows, length = x.shape
-    lanes = _pow2_block(triton.cdiv(length, BLOCKED_K), _MIN_LANES, _MAX_LANES)
+    lanes = pow2_block(triton.cdiv(length, BLOCKED_K), _MIN_LANES, _MAX_LANES)
     grid = (rows, triton.cdiv(length, lanes * BLOCKED_K))
     _af_blocked_kernel[grid](
         x, out, filt, a, b, out if peak is None else peak, length, a.shape[0],

@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from streamdec.errors import ShapeError
-from streamdec.kernels._triton_conv import sm_count
+from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.f16_launch import Tiles, plan
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
@@ -325,7 +325,7 @@ def conv1d_f16x3(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    sms = sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
+    sms = launch_sms(x_hi.device)
     launch = plan(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split
     )
