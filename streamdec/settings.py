@@ -98,37 +98,45 @@ def _declare(setting: Setting[T]) -> Setting[T]:
     return setting
 
 
-NO_GRAPHS = _declare(Setting(
-    "STREAMDEC_NO_GRAPHS", False, parse_switch, "engine", "switch",
+def _switch(name: str, default: bool, read: Moment, doc: str) -> Setting[bool]:
+    return _declare(Setting(name, default, parse_switch, read, "switch", doc))
+
+
+def _text(name: str, read: Moment, doc: str) -> Setting[str | None]:
+    return _declare(Setting(name, None, _parse_text, read, "text", doc))
+
+
+NO_GRAPHS = _switch(
+    "STREAMDEC_NO_GRAPHS", False, "engine",
     "Turn CUDA graphs off in every GPU engine, whatever its `graphs` argument: every window decodes eagerly.",
-))  # fmt: skip
-NO_COMPILE = _declare(Setting(
-    "STREAMDEC_NO_COMPILE", False, parse_switch, "engine", "switch",
+)  # fmt: skip
+NO_COMPILE = _switch(
+    "STREAMDEC_NO_COMPILE", False, "engine",
     "Turn `torch.compile` off in every GPU engine, whatever its `compile` argument: plain graphs only.",
-))  # fmt: skip
-NO_FUSED = _declare(Setting(
-    "STREAMDEC_NO_FUSED", False, parse_switch, "import", "switch",
+)  # fmt: skip
+NO_FUSED = _switch(
+    "STREAMDEC_NO_FUSED", False, "import",
     "Turn the fused alias-free activation kernel off: every activation takes the reference path.",
-))  # fmt: skip
-TRITON_CONV = _declare(Setting(
-    "STREAMDEC_TRITON_CONV", True, parse_switch, "import", "switch",
+)  # fmt: skip
+TRITON_CONV = _switch(
+    "STREAMDEC_TRITON_CONV", True, "import",
     "The split convolutions' Triton kernels (`tf32x3`, `fp16x3`); off, `tf32x3` runs the stacked cuDNN "
     "split (83 dB instead of 120 dB on a whole AuK decode) and `fp16x3` does the same.",
-))  # fmt: skip
-TOKEN = _declare(Setting(
-    "STREAMDEC_TOKEN", None, _parse_text, "cli", "text",
+)  # fmt: skip
+TOKEN = _text(
+    "STREAMDEC_TOKEN", "cli",
     "Default of `--token` for `streamdec serve` (the bearer token handshakes must carry) and for "
     "`streamdec stream` (the token it sends). Unset or empty: no token.",
-))  # fmt: skip
-COMMIT = _declare(Setting(
-    "STREAMDEC_COMMIT", None, _parse_text, "results", "text",
+)  # fmt: skip
+COMMIT = _text(
+    "STREAMDEC_COMMIT", "results",
     "The commit a benchmark results file records when git cannot tell (a copied tree on a GPU host).",
-))  # fmt: skip
-REQUIRE_REF = _declare(Setting(
-    "STREAMDEC_REQUIRE_REF", False, parse_switch, "tests", "switch",
+)  # fmt: skip
+REQUIRE_REF = _switch(
+    "STREAMDEC_REQUIRE_REF", False, "tests",
     "Fail the reference-parity tests when the `ref` extra is missing, instead of skipping them "
     "(`make test` sets it).",
-))  # fmt: skip
+)  # fmt: skip
 
 
 def flag(name: str) -> bool:
