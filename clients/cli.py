@@ -9,7 +9,6 @@ is shorter than the wall time elapsed since playback started.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import anyio
 import torch
 
+from streamdec import settings
 from streamdec.errors import ServerError
 from streamdec.io import load_latents
 from streamdec.protocol import LATENT_DTYPES, SAMPLE_FORMATS
@@ -32,7 +32,7 @@ def configure_stream(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", type=Path, help="latents: .npy or .safetensors holding [T, D] or [1, T, D]")
     parser.add_argument("output", type=Path, help="WAV file to write")
     parser.add_argument("--url", required=True, help="server stream URL, e.g. ws://127.0.0.1:8765/v1/stream")
-    parser.add_argument("--token", default=os.environ.get("STREAMDEC_TOKEN"), help="bearer token "
+    parser.add_argument("--token", default=settings.TOKEN.value(), help="bearer token "
                         "(default: $STREAMDEC_TOKEN)")  # fmt: skip
     parser.add_argument("--chunk", type=int, default=10, metavar="N", help="latent frames per message (10)")
     parser.add_argument(

@@ -32,8 +32,8 @@ from streamdec.bench.meta import ResultFile, script_header
 from streamdec.bench.stats import graph_ms
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import PaddedConv1d, SplitConv
-from streamdec.codecs.precision import pack_split_weight, pack_split_weight_f16, split_tf32
 from streamdec.kernels.f16_launch import Tiles
+from streamdec.kernels.split import pack_split_weight, pack_split_weight_f16, split_tf32
 
 
 def conv_inputs(codec: torch.nn.Module, z: Tensor) -> dict[str, tuple[Tensor, Tensor, int, int]]:

@@ -8,11 +8,11 @@ One run measures, with CUDA events after warm-up (median of reps):
 
 * the copy bandwidth of the card (the byte ceiling used for the floors below);
 * every distinct alias-free activation shape of auk-24k at each batch x window: the reference layer
-  (eager PyTorch, several kernels) against each Triton variant, with achieved bandwidth;
+  (eager PyTorch, several kernels) against the Triton kernel, with achieved bandwidth;
 * whole-decode errors, fused vs reference (eager, same weights and latents), at every codec precision;
 * whole-decode replay time per batch x window through the engine's own machinery
   (``streamdec.engine.graphs.GraphTiers``: torch.compile, then one CUDA graph per bucket; and plain graph
-  capture without compile) for the fused variants and the reference, with compile seconds, at the
+  capture without compile) for the fused kernel and the reference, with compile seconds, at the
   codec precision ``--precision`` names (default fp32).
 
 The JSON is rewritten after every step, so a run cut short still leaves its figures.
@@ -33,7 +33,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import streamdec.kernels.alias_free as af
 from streamdec.bench.meta import ResultFile, script_header
 from streamdec.bench.stats import graph_ms, median_ms
 from streamdec.codecs import Codec, load_codec
@@ -42,6 +41,10 @@ from streamdec.codecs.precision import PRECISIONS
 from streamdec.engine.graphs import GraphTiers, TierOptions, static_forward
 from streamdec.engine.scheduler import BucketKey
 from streamdec.kernels import set_fused
+from streamdec.kernels.alias_free import TAPS
+
+# The fused activation's Triton kernel (the name its result rows carry).
+KERNEL = "blocked"
 
 
 def copy_bandwidth() -> float:
@@ -111,17 +114,14 @@ class Bench(ResultFile):
                     ref = act(x)
                     row["reference_us"] = graph_ms(lambda act=act, x=x: act(x), calls=10) * 1e3
                 flat = x.view(b * c, t)
-                for name in self.args.variants:
-                    launch = tk.LAUNCHERS[name]
-                    out = torch.full_like(flat, float("nan"))
-                    args = (flat, act.filter.view(12), act.act.alpha_exp, act.act.beta_inv, out)
-                    launch(*args)
-                    row[f"{name}_max_abs_err"] = float((out.view_as(x) - ref).abs().max())
-                    row[f"{name}_us"] = (
-                        graph_ms(lambda launch=launch, args=args: launch(*args), calls=10) * 1e3
-                    )
-                    row[f"{name}_pct_copy_bw"] = 100 * nbytes / (row[f"{name}_us"] * 1e-6) / bw
-                for impl in ("reference", *self.args.variants):
+                launch, name = tk.launch_blocked, KERNEL
+                out = torch.full_like(flat, float("nan"))
+                args = (flat, act.filter.view(TAPS), act.act.alpha_exp, act.act.beta_inv, out)
+                launch(*args)
+                row[f"{name}_max_abs_err"] = float((out.view_as(x) - ref).abs().max())
+                row[f"{name}_us"] = graph_ms(lambda launch=launch, args=args: launch(*args), calls=10) * 1e3
+                row[f"{name}_pct_copy_bw"] = 100 * nbytes / (row[f"{name}_us"] * 1e-6) / bw
+                for impl in ("reference", KERNEL):
                     totals[impl] += count * row[f"{impl}_us"]
                 self.result["layers"].append(row)
                 self.save()
@@ -146,19 +146,17 @@ class Bench(ResultFile):
             set_fused(codec, False)
             ref = codec.decode(z)
             set_fused(codec, True)
-            for variant in self.args.variants:
-                af.VARIANT = variant
-                out = codec.decode(z)
-                row = {
-                    "variant": variant,
-                    "precision": precision,
-                    "batch": 2,
-                    "window": 70,
-                    "max_abs_err": float((out - ref).abs().max()),
-                    "snr_db": snr_db(ref, out),
-                }
-                self.result["decode_errors"].append(row)
-                print(row)
+            out = codec.decode(z)
+            row = {
+                "variant": KERNEL,
+                "precision": precision,
+                "batch": 2,
+                "window": 70,
+                "max_abs_err": float((out - ref).abs().max()),
+                "snr_db": snr_db(ref, out),
+            }
+            self.result["decode_errors"].append(row)
+            print(row)
         codec.precision = self.args.precision
         self.save()
 
@@ -173,15 +171,12 @@ class Bench(ResultFile):
             options=TierOptions(compile=compile, compile_dynamic="batch"),
         )
 
-    def decode(
-        self, codec: Codec, label: str, fused: bool, variant: str, compile: bool, keys: list[BucketKey]
-    ) -> None:
+    def decode(self, codec: Codec, label: str, fused: bool, compile: bool, keys: list[BucketKey]) -> None:
         if self.elapsed() > self.args.budget_s:
             self.result["skipped"].append({"label": label, "why": f"past budget {self.args.budget_s} s"})
             self.save()
             return
         set_fused(codec, fused)
-        af.VARIANT = variant
         forward = static_forward(codec)
         stream = torch.cuda.Stream()
         tiers = self.tiers(codec, forward, compile, stream)
@@ -235,7 +230,7 @@ class Bench(ResultFile):
                 "label": label,
                 "tier": tier,
                 "fused": fused,
-                "variant": variant if fused else None,
+                "variant": KERNEL if fused else None,
                 "batch": key.batch,
                 "window": key.frames,
                 "ms": round(ms, 3),
@@ -263,7 +258,6 @@ def main() -> None:
     parser.add_argument("--target-ms", type=float, default=1000.0)
     parser.add_argument("--budget-s", type=float, default=330.0, help="start no decode tier after this")
     parser.add_argument("--key-budget-s", type=float, default=400.0, help="start no bucket after this")
-    parser.add_argument("--variants", nargs="+", default=["blocked", "staged"], help="best first")
     parser.add_argument("--skip", nargs="*", default=[], choices=["layers", "plain", "compiled", "reference"])
     parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the codec's precision")
     parser.add_argument("--commit", default=None)
@@ -278,18 +272,16 @@ def main() -> None:
     codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
     codec.precision = args.precision
     bench.decode_errors(codec)
-    # Most valuable first: the best fused kernel's figures, then the reference ("before"), then the others.
-    best, *others = args.variants
+    # Most valuable first: the fused kernel's figures, then the reference ("before").
     if "compiled" not in args.skip:
-        bench.decode(codec, f"compiled-fused-{best}", True, best, True, keys)
+        bench.decode(codec, f"compiled-fused-{KERNEL}", True, True, keys)
         if "reference" not in args.skip:
             torch._dynamo.reset()
-            bench.decode(codec, "compiled-reference", False, best, True, keys)
+            bench.decode(codec, "compiled-reference", False, True, keys)
     if "plain" not in args.skip:
-        for variant in (best, *others):
-            bench.decode(codec, f"plain-fused-{variant}", True, variant, False, keys)
+        bench.decode(codec, f"plain-fused-{KERNEL}", True, False, keys)
         if "reference" not in args.skip:
-            bench.decode(codec, "plain-reference", False, best, False, keys)
+            bench.decode(codec, "plain-reference", False, False, keys)
     bench.result["total_seconds"] = bench.elapsed()
     bench.save()
     print(json.dumps(bench.result.get("layer_sums", []), indent=1))

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamdec.bench.stats import timed
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, SplitConv, polyphase_weight
-from streamdec.codecs.precision import pack_split_weight, split_input, split_tf32, split_weight
 from streamdec.kernels.conv import split_conv1d
+from streamdec.kernels.split import pack_split_weight, split_input, split_tf32, split_weight
 
 
 def _conv(m: SplitConv, x: Tensor, w: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from streamdec import settings
 from streamdec.protocol import STREAM_PATH, Limits
 
 from .config import ServerConfig
@@ -27,7 +28,7 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, default=defaults.port, help=f"port, 0 for a free one ({defaults.port})"
     )
-    parser.add_argument("--token", default=os.environ.get("STREAMDEC_TOKEN"),
+    parser.add_argument("--token", default=settings.TOKEN.value(),
                         help="require this bearer token (default: $STREAMDEC_TOKEN; unset: no auth)")  # fmt: skip
     parser.add_argument("--max-streams", type=int, default=defaults.limits.max_streams,
                         help="streams per connection")  # fmt: skip
@@ -83,6 +84,8 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         print(f"streamdec: precision {chosen}" + (" (auto)" if args.precision == "auto" else ""), flush=True)
     # On CUDA: warm every bucket at start-up, then freeze; a shape nobody warmed (a clip shorter than the
     # smallest window) is decoded eagerly and counted, never captured mid-serving.
+    if codec.pad_latent.device.type == "cuda":
+        settings.use_inductor_cache_dir(args.inductor_cache)  # process-wide: once, before anything compiles
     cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
     options: dict[str, Any] = cuda_options if codec.pad_latent.device.type == "cuda" else {}
     if args.engine == "simulated":

@@ -153,41 +153,17 @@ _COMMANDS: dict[str, tuple[str, _Command]] = {
 }
 
 
-def _resolve(command: _Command) -> tuple[Callable[..., None], Callable[..., int]] | None:
+def _resolve(command: _Command) -> tuple[Callable[..., None], Callable[..., int]]:
     module_name, configure, run = command
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module_name.startswith(exc.name):
-            return None  # that part of streamdec is not installed
-        raise
+    module = importlib.import_module(module_name)
     return getattr(module, configure), getattr(module, run)
-
-
-def _not_installed(module_name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        print(
-            f"streamdec {args.command}: {module_name} cannot be imported here. In a checkout, install it "
-            "(`pip install -e .`): `server/` and `clients/` become streamdec.server and streamdec.clients "
-            "only when installed",
-            file=sys.stderr,
-        )
-        return 2
-
-    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamdec", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, command) in _COMMANDS.items():
-        resolved = _resolve(command)
-        if resolved is None:
-            # Still a subcommand, so that calling it says what is missing rather than "invalid choice".
-            child = sub.add_parser(name, help=f"{help_text} (not installed here)", add_help=False)
-            child.set_defaults(run=_not_installed(command[0]), any_arguments=True)
-            continue
-        configure, run = resolved
+        configure, run = _resolve(command)
         child = sub.add_parser(name, help=help_text, description=help_text)
         configure(child)
         child.set_defaults(run=run)
@@ -196,9 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     try:
         return int(args.run(args))
     except StreamdecError as exc:

@@ -40,7 +40,17 @@ from .common import Budget, Latents, Progress
 from .meta import UtilSampler
 from .stats import summary
 
-__all__ = ["ConcurrencySettings", "ServerThread", "listen", "simulate_policy", "sweep"]
+__all__ = ["ConcurrencySettings", "ServerThread", "listen", "point_seconds", "simulate_policy", "sweep"]
+
+# Streams start this far after the schedule is fixed, so that the first one is not late from the outset.
+_START_LEAD_S = 0.05
+# Per concurrency point, on top of its streams' seconds and stagger: connecting and draining.
+_POINT_SLACK_S = 2.0
+
+
+def point_seconds(seconds: float, stagger: float) -> float:
+    """The wall time one concurrency point is budgeted: its streams, their stagger and the slack."""
+    return seconds + stagger + _POINT_SLACK_S
 
 
 @dataclass(frozen=True)
@@ -272,7 +282,7 @@ async def _run_point(
     clips = [latents(frames) for _ in range(n)]
     before = engine.stats
     sampler = UtilSampler(engine.device)
-    t0 = time.perf_counter() + 0.05
+    t0 = time.perf_counter() + _START_LEAD_S
     records = [_Record(t0 + rng.uniform(0.0, s.stagger)) for _ in range(n)]
     began = time.perf_counter()
     with sampler:
@@ -353,7 +363,7 @@ async def sweep(
             for _ in tasks:
                 await connected.acquire()
             # The clock starts once every client is connected: shift the schedule to now.
-            shift = time.perf_counter() + 0.05 - t0
+            shift = time.perf_counter() + _START_LEAD_S - t0
             for r in records:
                 r.start += shift
             go.set()
@@ -361,7 +371,7 @@ async def sweep(
 
         paths.append(("websocket", via_websocket))
 
-    per_point = s.seconds + s.stagger + 2.0
+    per_point = point_seconds(s.seconds, s.stagger)
     with server if server is not None else contextlib.nullcontext():
         for name, run in paths:
             for n in s.streams:

@@ -16,6 +16,9 @@ from typing import Any
 
 import torch
 
+from .. import settings
+from ..kernels import alias_free
+
 __all__ = [
     "ResultFile",
     "UtilSampler",
@@ -43,7 +46,7 @@ def git_commit(root: Path) -> tuple[str, bool | None]:
         ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("STREAMDEC_COMMIT", "unknown"), None
+        return settings.COMMIT.value() or "unknown", None
 
 
 def _cpu_name() -> str:
@@ -93,14 +96,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         # Switches that change what is measured (fused kernels, graph/compile escape hatches); the TF32
         # policy is the codec's precision, recorded with the codec.
-        "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
+        "streamdec_env": settings.recorded(),
     }
-    try:
-        from streamdec.kernels import alias_free
-
-        env["fused_alias_free"] = {"disabled": alias_free.ENV_DISABLED, "variant": alias_free.VARIANT}
-    except ImportError:  # kernels not present in this checkout
-        pass
+    env["fused_alias_free"] = {"disabled": alias_free.ENV_DISABLED}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
@@ -128,7 +126,7 @@ def script_header(*, codec: str, precision: str, commit: str | None, timing: str
         "dtype": "float32",
         "precision": precision,
         # switches that change what runs (STREAMDEC_TRITON_CONV, STREAMDEC_NO_FUSED, ...)
-        "streamdec_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("STREAMDEC_")},
+        "streamdec_env": settings.recorded(),
         "timing": timing,
     }
 

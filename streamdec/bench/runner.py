@@ -19,7 +19,7 @@ from ..codecs import Codec, load_codec
 from ..engine import Engine
 from .baselines import run_baselines
 from .common import Budget, Latents, Progress
-from .concurrency import ConcurrencySettings, sweep
+from .concurrency import ConcurrencySettings, point_seconds, sweep
 from .config import BenchConfig
 from .engines import engine_label, make_engine
 from .meta import device_slug, environment, finish_environment
@@ -28,6 +28,10 @@ from .tiles import SweepSettings, sweep_tier, warm
 __all__ = ["DEFINITIONS", "run", "stem_for"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# What the tile sweep leaves for the concurrency section under a time budget: starting the server and
+# engine, then at most this many points per path (later points are skipped when the budget runs out).
+_CONCURRENCY_SETUP_S = 15.0
+_RESERVED_POINTS = 6
 
 DEFINITIONS = {
     "window_ms": "one window through the engine alone: submit to emitted audio on the CPU (wall), "
@@ -192,7 +196,8 @@ class _Run:
         if not cfg.concurrency or cfg.budget_s is None:
             return 0.0
         paths = 2 if cfg.websocket else 1
-        return 15.0 + paths * min(len(cfg.streams), 6) * (cfg.conc_seconds + cfg.stagger + 2.0)
+        points = min(len(cfg.streams), _RESERVED_POINTS)
+        return _CONCURRENCY_SETUP_S + paths * points * point_seconds(cfg.conc_seconds, cfg.stagger)
 
     async def _tier(
         self, codec: Codec, tier: str, clip: torch.Tensor, reference: torch.Tensor, latents: Latents

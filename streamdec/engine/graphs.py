@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from .. import settings
 from ..errors import CaptureFrozenError, ConfigError
 from .scheduler import BucketKey
 from .slots import StatePool
@@ -49,8 +49,8 @@ DynamicMode = Literal["none", "batch", "all"]
 
 
 def env_flag(name: str) -> bool:
-    """True when the environment variable is set to something other than '', '0', 'false' or 'no'."""
-    return os.environ.get(name, "").strip().lower() not in {"", "0", "false", "no"}
+    """The declared switch ``name``, parsed by :mod:`streamdec.settings` (e.g. ``STREAMDEC_NO_GRAPHS``)."""
+    return settings.flag(name)
 
 
 def static_forward(codec: Any) -> Forward:
@@ -232,8 +232,7 @@ class GraphTiers:
     def _compiled_forward(self) -> Forward:
         if self._compiled is None:
             if self.options.inductor_cache_dir:
-                # Read lazily by Inductor at first compile: a second start with the same dir is warm.
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.options.inductor_cache_dir
+                settings.check_inductor_cache_dir(self.options.inductor_cache_dir)  # process-wide
             self._compiled = torch.compile(self.forward, dynamic=None, mode=self.options.compile_mode)
         return self._compiled
 
@@ -266,10 +265,6 @@ class GraphTiers:
         self._generation = None
         self.retired_generations += 1
         torch.cuda.empty_cache()  # hand the released pool's blocks back to the device
-
-    @property
-    def generation_index(self) -> int | None:
-        return None if self._generation is None else self._generation.index
 
     # -- capture --------------------------------------------------------------------------------------
 

@@ -9,15 +9,11 @@ Math (one row ``x[0..T)`` of ``[B*C, T]``, taps ``f[0..12)``, clamp ``c(i) = min
 * ``S(i) = snake(up[max(i, 0)])`` (the causal replicate pad 11 of the down filter);
 * ``out[t] = sum_j f[11-2j] * S(2(t-j)) + sum_r f[2r] * S(2(t-6+r)+1)``, ``j, r = 0..5``.
 
-Two kernels compute exactly this (a first ``direct`` version, v1, was dropped: it missed the 1e-5
-bound on one H200 draw, 1.14e-5, and was no faster) (timings and history in ``docs/kernels.md``):
-
-* ``staged`` (v2): a persistent grid; each program computes ``S`` once for a tile (two phases), parks it
-  in a private scratch slot in global memory, and after a barrier reads it back at the 12 shifted
-  offsets. Measured no faster than v1 on an H200.
-* ``blocked`` (v3, the default): each lane owns 8 consecutive outputs and evaluates the 26 samples of
-  ``S`` they need once (3.25 SnakeBetas per output), no scratch and no barrier. 2.6x faster than v2 over
-  auk-24k's activations on an H200.
+One kernel computes exactly this, ``blocked`` (v3): each lane owns 8 consecutive outputs and evaluates
+the 26 samples of ``S`` they need once (3.25 SnakeBetas per output), no scratch and no barrier. It
+replaced two earlier versions (timings and history in ``docs/kernels.md``): ``direct`` (v1) missed the
+1e-5 bound on one H200 draw, and ``staged`` (v2, a persistent grid parking ``S`` in global scratch between
+barriers) was 2.6x slower over auk-24k's activations on an H200.
 
 ``sin`` is evaluated as ``sin(r)`` with ``r = z - k*pi`` (``sin^2`` has period ``pi``) by an odd Taylor
 polynomial to ``r^13`` on ``|r| <= pi/2``: error under 1e-9 before rounding, FMA only, identical under
@@ -30,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from streamdec.kernels.sizing import pow2_block
+
 _INV_PI: tl.constexpr = tl.constexpr(0.3183098861837907)
 _PI_HI: tl.constexpr = tl.constexpr(3.1415927410125732)  # float32(pi)
 _PI_LO: tl.constexpr = tl.constexpr(-8.742278000372475e-08)  # pi - float32(pi)
@@ -39,9 +37,6 @@ _S7: tl.constexpr = tl.constexpr(-1.0 / 5040.0)
 _S9: tl.constexpr = tl.constexpr(1.0 / 362880.0)
 _S11: tl.constexpr = tl.constexpr(-1.0 / 39916800.0)
 _S13: tl.constexpr = tl.constexpr(1.0 / 6227020800.0)
-
-# Staged tiles overlap by this many positions of S (the down filter's 6 even + 6 odd taps reach back 6).
-HALO = 8
 
 
 @triton.jit
@@ -64,98 +59,14 @@ def _snake(v, a, b):
 
 
 @triton.jit
-def _up6(c0, c1, c2, c3, c4, c5, x0, x1, x2, x3, x4, x5):
-    return 2.0 * (c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3 + c4 * x4 + c5 * x5)
-
-
-@triton.jit
 def _sum6(c0, c1, c2, c3, c4, c5, x0, x1, x2, x3, x4, x5):
-    # With doubled taps this is bit-identical to _up6: scaling by 2 commutes with every rounding.
+    # Called with doubled taps: 2 * sum(c * x) exactly, since scaling by 2 commutes with every rounding.
     return c0 * x0 + c1 * x1 + c2 * x2 + c3 * x3 + c4 * x4 + c5 * x5
 
 
 @triton.jit
 def _load_at(base, i, last):
     return tl.load(base + tl.minimum(tl.maximum(i, 0), last))
-
-
-# Only T is specialised where it pays; staged tiles start unaligned, so nothing is there. Further
-# specialisations would multiply compiles for nothing.
-@triton.jit(do_not_specialize=["T", "C", "tiles_per_row", "n_tiles", "nprog"])
-def _af_staged_kernel(
-    x_ptr, out_ptr, scratch_ptr, f_ptr, a_ptr, b_ptr, T, C, tiles_per_row, n_tiles, nprog, SB: tl.constexpr
-):
-    pid = tl.program_id(0)
-    i = tl.arange(0, SB)
-    f0 = tl.load(f_ptr + 0)
-    f1 = tl.load(f_ptr + 1)
-    f2 = tl.load(f_ptr + 2)
-    f3 = tl.load(f_ptr + 3)
-    f4 = tl.load(f_ptr + 4)
-    f5 = tl.load(f_ptr + 5)
-    f6 = tl.load(f_ptr + 6)
-    f7 = tl.load(f_ptr + 7)
-    f8 = tl.load(f_ptr + 8)
-    f9 = tl.load(f_ptr + 9)
-    f10 = tl.load(f_ptr + 10)
-    f11 = tl.load(f_ptr + 11)
-    g0, g1, g2, g3, g4, g5 = 2.0 * f0, 2.0 * f1, 2.0 * f2, 2.0 * f3, 2.0 * f4, 2.0 * f5
-    g6, g7, g8, g9, g10, g11 = 2.0 * f6, 2.0 * f7, 2.0 * f8, 2.0 * f9, 2.0 * f10, 2.0 * f11
-    # Private slot: [SB + HALO] even-phase values, then [SB + HALO] odd-phase values.
-    scr_e = scratch_ptr + pid.to(tl.int64) * (2 * (SB + 8))
-    scr_o = scr_e + (SB + 8)
-    last = T - 1
-    step = SB - 8
-    for tile in range(pid, n_tiles, nprog):
-        row = tile // tiles_per_row
-        t0 = (tile % tiles_per_row) * step
-        c = row % C
-        a = tl.load(a_ptr + c)
-        b = tl.load(b_ptr + c)
-        row_off = row.to(tl.int64) * T
-        base = x_ptr + row_off
-        m = t0 - 8 + i  # positions of S held by this tile
-        if (t0 >= 11) & (t0 + SB - 6 <= T):
-            # Interior tile: no clamping, so all 7 loads share one address (immediate offsets).
-            p = base + m
-            xm3 = tl.load(p - 3)
-            xm2 = tl.load(p - 2)
-            xm1 = tl.load(p - 1)
-            x00 = tl.load(p)
-            xp1 = tl.load(p + 1)
-            xp2 = tl.load(p + 2)
-            xp3 = tl.load(p + 3)
-        else:
-            mm = tl.maximum(m, 0)  # S(i < 0) = S(0): negative positions take the even-phase value at 0
-            xm3 = _load_at(base, mm - 3, last)
-            xm2 = _load_at(base, mm - 2, last)
-            xm1 = _load_at(base, mm - 1, last)
-            x00 = _load_at(base, mm, last)
-            xp1 = _load_at(base, mm + 1, last)
-            xp2 = _load_at(base, mm + 2, last)
-            xp3 = _load_at(base, mm + 3, last)
-        se = _snake(_sum6(g1, g3, g5, g7, g9, g11, xp2, xp1, x00, xm1, xm2, xm3), a, b)
-        so = _snake(_sum6(g0, g2, g4, g6, g8, g10, xp3, xp2, xp1, x00, xm1, xm2), a, b)
-        so = tl.where(m < 0, se, so)
-        tl.debug_barrier()  # every lane has read the previous tile's slot before it is overwritten
-        tl.store(scr_e + i, se)
-        tl.store(scr_o + i, so)
-        tl.debug_barrier()  # the slot is complete before any lane reads a neighbour's value
-        # Output t = t0 + i reads S_e(t-j) at slot index i+8-j and S_o(t-6+r) at i+2+r.
-        acc = f11 * tl.load(scr_e + i + 8)
-        acc += f9 * tl.load(scr_e + i + 7)
-        acc += f7 * tl.load(scr_e + i + 6)
-        acc += f5 * tl.load(scr_e + i + 5)
-        acc += f3 * tl.load(scr_e + i + 4)
-        acc += f1 * tl.load(scr_e + i + 3)
-        acc += f0 * tl.load(scr_o + i + 2)
-        acc += f2 * tl.load(scr_o + i + 3)
-        acc += f4 * tl.load(scr_o + i + 4)
-        acc += f6 * tl.load(scr_o + i + 5)
-        acc += f8 * tl.load(scr_o + i + 6)
-        acc += f10 * tl.load(scr_o + i + 7)
-        t = t0 + i
-        tl.store(out_ptr + row_off + t, acc, mask=(i < step) & (t < T))
 
 
 # v3 "blocked": every lane owns K = 8 consecutive outputs and computes the K + 5 even and K + 5 odd samples of
@@ -191,7 +102,7 @@ def _af_blocked_kernel(
     base = x_ptr + row_off
     last = T - 1
     # fmt: off
-    # Clamped loads everywhere: an unclamped interior branch (as in the staged kernel) next to the join below
+    # Clamped loads everywhere: an unclamped interior branch (as the staged kernel had) next to the join below
     # made Triton 3.6 segfault in make_ptx for some block sizes (seen on the H200 and reproduced offline).
     xm8 = _load_at(base, tb + -8, last)
     xm7 = _load_at(base, tb + -7, last)
@@ -281,64 +192,8 @@ def _af_blocked_kernel(
         tl.atomic_max(peak_ptr + row // C, tl.max(tl.max(bits, axis=1), axis=0))
 
 
-def _pow2_block(length: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(length, 1))))
-
-
-# Registers per thread (ptxas for sm_90a, Triton 3.6) stay at 64 or below with 4 elements per thread and no
-# spills; 1024 elements on 4 warps took 96 (staged). Recorded by the last launch of each.
-LAST_KERNEL: dict[str, object] = {}
-
-
-def _warps(block: int) -> int:
-    return max(4, min(8, block // 128))
-
-
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
-
-
-def launch_staged(
-    x: torch.Tensor, filt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
-) -> None:
-    """``x``, ``out``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``.
-
-    Allocates its scratch (about 4 MB at most) per call."""
-    rows, length = x.shape
-    sb = _pow2_block(length + HALO, 128, 1024)
-    warps = _warps(sb)
-    tiles_per_row = triton.cdiv(length, sb - HALO)
-    n_tiles = rows * tiles_per_row
-    # A static round-robin over tiles: every program must be resident at once, or the late ones form a
-    # tail. 32 warps per SM fit at <= 64 registers per thread.
-    programs = max(1, min(n_tiles, _sm_count(x.device) * (32 // warps)))
-    scratch = torch.empty(programs * 2 * (sb + HALO), device=x.device, dtype=torch.float32)
-    # num_stages=1: no software pipelining may move a scratch load across the barriers.
-    LAST_KERNEL["staged"] = _af_staged_kernel[(programs,)](
-        x,
-        out,
-        scratch,
-        filt,
-        a,
-        b,
-        length,
-        a.shape[0],
-        tiles_per_row,
-        n_tiles,
-        programs,
-        SB=sb,
-        num_warps=warps,
-        num_stages=1,
-    )
-
-
-BLOCKED_K = 8
+BLOCKED_K = 8  # outputs per lane
+_MIN_LANES, _MAX_LANES = 32, 128  # one to four warps per program
 
 
 def launch_blocked(
@@ -349,16 +204,14 @@ def launch_blocked(
     out: torch.Tensor,
     peak: torch.Tensor | None = None,
 ) -> None:
-    """Same contract as :func:`launch_staged`; one lane per 8 outputs, one warp per 32 lanes. With
-    ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
+    """``x``, ``out``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``.
+
+    One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
     ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
     rows, length = x.shape
-    lanes = _pow2_block(triton.cdiv(length, BLOCKED_K), 32, 128)
+    lanes = pow2_block(triton.cdiv(length, BLOCKED_K), _MIN_LANES, _MAX_LANES)
     grid = (rows, triton.cdiv(length, lanes * BLOCKED_K))
-    LAST_KERNEL["blocked"] = _af_blocked_kernel[grid](
+    _af_blocked_kernel[grid](
         x, out, filt, a, b, out if peak is None else peak, length, a.shape[0],
         BLOCK=lanes, K=BLOCKED_K, WITH_PEAK=peak is not None, num_warps=lanes // 32,
     )  # fmt: skip
-
-
-LAUNCHERS = {"staged": launch_staged, "blocked": launch_blocked}

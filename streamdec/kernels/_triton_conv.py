@@ -5,7 +5,7 @@ Computes ``y[b, o, t] = bias[o] + sum_j sum_c w[o, c, j] * x[b, c, t + j * dil]`
 contiguous ``x`` (stride 1, groups 1) as an implicit GEMM: ``M`` = output channels, ``N`` = output
 samples, the reduction runs over (tap, input-channel block) steps.
 
-Both operands arrive split (:func:`streamdec.codecs.precision.split_tf32`: ``x = x_hi + x_lo`` and
+Both operands arrive split (:func:`streamdec.kernels.split.split_tf32`: ``x = x_hi + x_lo`` and
 ``w = w_hi + w_lo`` exactly, the heads TF32). Each step multiplies on the TF32 tensor cores three times,
 ``w_lo * x_hi + w_hi * x_lo + w_hi * x_hi``, into a fresh partial accumulator that is then added to the
 running sum by an ordinary float32 add. Why: on an H200 the tensor cores' accumulator loses a little at
@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from streamdec.kernels.sizing import DOT_MIN_EXTENT, INTERPRETER_SMS, pow2_block
 
 
 @triton.jit
@@ -122,8 +124,9 @@ def sm_count(device: int) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def _block(extent: int, lo: int, hi: int) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(extent)))
+def launch_sms(device: torch.device) -> int:
+    """Multiprocessors a launch on ``device`` is planned for (the interpreter's stand-in on the CPU)."""
+    return sm_count(device.index or 0) if device.type == "cuda" else INTERPRETER_SMS
 
 
 def conv1d_split(
@@ -146,13 +149,11 @@ def conv1d_split(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    sms = sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
-    t = tiles or default_tiles(batch, cout, tout, sms)
-    # tl.dot needs every block extent >= 16
+    t = tiles or default_tiles(batch, cout, tout, launch_sms(x_hi.device))
     block_m, block_n, block_k = (
-        _block(cout, 16, t.block_m),
-        _block(tout, 16, t.block_n),
-        _block(cin, 16, t.block_k),
+        pow2_block(cout, DOT_MIN_EXTENT, t.block_m),
+        pow2_block(tout, DOT_MIN_EXTENT, t.block_n),
+        pow2_block(cin, DOT_MIN_EXTENT, t.block_k),
     )
     grid = (triton.cdiv(tout, block_n), triton.cdiv(cout, block_m), batch)
     _conv1d_split_kernel[grid](

@@ -3,7 +3,7 @@
 
 Computes ``y[b, o, t] = bias[o] + sum_j sum_c w[o, c, j] * x[b, c, t + j * dil]`` as an implicit GEMM
 (``M`` = output channels, ``N`` = output samples, the reduction over (tap, channel block) steps) from
-operands split by :func:`split_f16` (below) and :func:`streamdec.codecs.precision.pack_split_weight_f16`:
+operands split by :func:`split_f16` (below) and :func:`streamdec.kernels.split.pack_split_weight_f16`:
 ``x * 2**kx[b] ~ x_hi + x_lo`` and ``w * 2**kw[o] ~ w_hi + w_lo`` to 22 bits, every part float16. The power-of-two
 scales (one per batch row, one per output channel) put each operand's largest magnitude in
 ``[2**13, 2**14)``, inside float16's range, and far enough above its subnormals that the tail keeps 11
@@ -33,10 +33,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from streamdec.codecs.precision import F16_CHANNEL_QUANTUM
 from streamdec.errors import ShapeError
-from streamdec.kernels._triton_conv import sm_count
+from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.f16_launch import Tiles, plan
+from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
 # Triton compiles one binary per distinct constexpr set and per integer argument's "is 1 / divisible by 16"
 # class: sizes that vary layer by layer stay runtime values (with KSIZE a constexpr and every integer
@@ -199,7 +199,7 @@ def _interleave_kernel(
 
 @triton.jit
 def _pow2_from_amax(bits):
-    """:func:`streamdec.codecs.precision.pow2_scale` from a peak's float32 bits: ``(2**k, 2**-k)``."""
+    """:func:`streamdec.kernels.split.pow2_scale` from a peak's float32 bits: ``(2**k, 2**-k)``."""
     biased = (bits >> 23) & 0xFF
     k = tl.minimum(tl.maximum(140 - biased, -126), 126)  # peak * 2**k in [2**13, 2**14)
     scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
@@ -232,7 +232,7 @@ def _split_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
-    """:func:`streamdec.codecs.precision.split_input_f16` of the zero-padded input, bit for bit, in one
+    """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded input, bit for bit, in one
     pass: the padding is written here (zeros split to zeros), never as a padded float32 copy."""
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -262,7 +262,7 @@ def split_f16(
     x: torch.Tensor, pad_left: int = 0, pad_right: int = 0, peak: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
-    :func:`streamdec.codecs.precision.split_input_f16` of ``F.pad(x, (pad_left, pad_right))``, in two
+    :func:`streamdec.kernels.split.split_input_f16` of ``F.pad(x, (pad_left, pad_right))``, in two
     kernels (a row-peak pass, then the split) rather than the handful of elementwise ones, nothing for
     ``torch.compile`` to generate per layer, and no padded copy of ``x``. ``peak`` (int32 ``[B]``, the
     float32 bits of each row's largest ``|x|``, as the fused activation hands them over) skips the first."""
@@ -325,7 +325,7 @@ def conv1d_f16x3(
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
-    sms = sm_count(x_hi.device.index or 0) if x_hi.is_cuda else 132  # the interpreter runs on the CPU
+    sms = launch_sms(x_hi.device)
     launch = plan(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split
     )

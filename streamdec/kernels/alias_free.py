@@ -8,30 +8,28 @@ equal (to float32 rounding, see ``docs/kernels.md``) to
 :meth:`streamdec.codecs.layers.AliasFreeActivation.forward`: 2x polyphase upsample with replicate edges,
 SnakeBeta, causal 12-tap low-pass with replicate left edge, decimation by 2.
 
-On CUDA the op runs one Triton kernel (the variant named by :data:`VARIANT`); on the CPU it runs
+On CUDA the op runs one Triton kernel (:mod:`streamdec.kernels._triton_alias_free`); on the CPU it runs
 :func:`polyphase_reference`. It has a fake (meta) implementation, so ``torch.compile`` traces it as one
 opaque node and CUDA graphs capture its launch.
 
 :func:`fused_supported` is the dispatch rule the layer uses: CUDA, float32, rank 3, Triton importable, and
-``STREAMDEC_NO_FUSED`` not set to ``1`` when this module was imported. Everything else keeps the reference
+``STREAMDEC_NO_FUSED`` not on when this module was imported (:mod:`streamdec.settings`). Everything else keeps the reference
 path unchanged.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels.availability import HAS_TRITON
 
 __all__ = [
     "ENV_DISABLE",
     "TAPS",
-    "VARIANT",
     "alias_free_activation",
     "alias_free_activation_peak",
     "fused_supported",
@@ -39,14 +37,9 @@ __all__ = [
 ]
 
 TAPS = 12
-ENV_DISABLE = "STREAMDEC_NO_FUSED"
+ENV_DISABLE = settings.NO_FUSED.name
 # Read once at import: torch.compile traces module constants, not the live environment.
-ENV_DISABLED = os.environ.get(ENV_DISABLE, "").strip() == "1"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-# Which Triton kernel the CUDA implementation launches: "blocked" (default: 2.6x faster than "staged" over
-# auk-24k's activations on the H200, see docs/kernels.md) or "staged". Read at each call, so a change
-# applies to the next eager call or capture, not to graphs already captured.
-VARIANT = os.environ.get("STREAMDEC_FUSED_VARIANT", "blocked")
+ENV_DISABLED = settings.NO_FUSED.value()
 
 
 def fused_supported(x: Tensor) -> bool:
@@ -88,8 +81,8 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
 
 
 def _run_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, *, peak: Tensor | None) -> Tensor:
-    """Launch the selected kernel over ``x`` flattened to rows; given ``peak`` (int32 ``[B]``, zeroed,
-    since the kernel only raises it) the blocked kernel also takes the batch rows' peak bits."""
+    """Launch the kernel over ``x`` flattened to rows; given ``peak`` (int32 ``[B]``, zeroed, since the
+    kernel only raises it) it also takes the batch rows' peak bits."""
     _check(x, filt, alpha_exp, beta_inv)
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
@@ -98,10 +91,7 @@ def _run_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, *, p
     out = torch.empty_like(flat)
     args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
     with torch.cuda.device(x.device):  # Triton launches on the current device
-        if peak is None:
-            tk.LAUNCHERS[VARIANT](*args)
-        else:
-            tk.launch_blocked(*args, peak)
+        tk.launch_blocked(*args, peak)
     return out.view(batch, channels, length)
 
 
@@ -127,9 +117,6 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Ten
 
 @alias_free_activation_peak.register_kernel("cuda")
 def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Tensor, Tensor]:
-    if VARIANT != "blocked":  # only the blocked kernel takes the peaks as it writes
-        out = alias_free_activation(x, filt, alpha_exp, beta_inv)
-        return out, _peak_bits(out)
     peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
     return _run_cuda(x, filt, alpha_exp, beta_inv, peak=peak), peak
 

@@ -11,8 +11,8 @@ peaks (from the fused activation that produced it). The rest of this docstring i
 
 Contract of ``torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, w_hi, w_lo, bias, dilation)``: ``x_hi`` and
 ``x_lo`` are an already padded ``[B, Cin, Tin]`` float32 input's TF32 heads and tails
-(:func:`streamdec.codecs.precision.split_tf32`), ``w_hi`` and ``w_lo`` the weight's, packed tap-major,
-``[k, Cout, Cin]`` (:func:`streamdec.codecs.precision.pack_split_weight`), ``bias`` is ``[Cout]`` or
+(:func:`streamdec.kernels.split.split_tf32`), ``w_hi`` and ``w_lo`` the weight's, packed tap-major,
+``[k, Cout, Cin]`` (:func:`streamdec.kernels.split.pack_split_weight`), ``bias`` is ``[Cout]`` or
 None; the result is ``conv1d(x, w, bias, dilation=dilation)``, ``[B, Cout, Tin - (k-1)*dilation]``.
 :func:`split_conv1d` splits the input and calls it; the split is plain tensor code outside the op so that
 ``torch.compile`` fuses it into whatever produced the input (the padding, a residual add).
@@ -33,15 +33,14 @@ convolution per output phase.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from streamdec.codecs.precision import F16_CHANNEL_QUANTUM, split_tf32
+from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels.availability import HAS_TRITON
+from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_tf32
 
 __all__ = [
     "ENABLED",
@@ -54,10 +53,9 @@ __all__ = [
     "triton_conv_supported",
 ]
 
-ENV_ENABLE = "STREAMDEC_TRITON_CONV"
+ENV_ENABLE = settings.TRITON_CONV.name
 # Read once at import, like STREAMDEC_NO_FUSED: compiled graphs trace module constants.
-ENABLED = os.environ.get(ENV_ENABLE, "").strip() != "0"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+ENABLED = settings.TRITON_CONV.value()
 
 
 def triton_conv_supported(x: Tensor) -> bool:
@@ -206,11 +204,11 @@ def conv1d_split_f16(
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
-    ``[B, Cin, T]`` and a weight packed by :func:`~streamdec.codecs.precision.pack_split_weight_f16`:
+    ``[B, Cin, T]`` and a weight packed by :func:`~streamdec.kernels.split.pack_split_weight_f16`:
     ``w_hi``/``w_lo`` ``[k, Cout, Cin']`` with ``(w_hi + w_lo) * w_inv[o] ~ w``. Result
     ``[B, Cout, pad_left + T + pad_right - (k-1)*dilation]``.
 
-    On CUDA the op splits ``x`` itself (:func:`~streamdec.codecs.precision.split_input_f16`, two Triton
+    On CUDA the op splits ``x`` itself (:func:`~streamdec.kernels.split.split_input_f16`, two Triton
     kernels that also write the zero padding, so no padded float32 copy is made) and runs the float16
     kernel; on the CPU, float32 ``F.conv1d`` of the padded ``x`` and the reassembled weight (exact in
     float32). ``peak``, if given, must be the float32 bits (int32 ``[B]``) of each row's largest ``|x|``

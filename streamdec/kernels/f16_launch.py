@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
+
 __all__ = [
     "CHUNK_STEPS", "LARGE", "SMALL", "Launch", "Tiles", "block_k", "chunking", "default_tiles", "plan",
 ]  # fmt: skip
@@ -28,6 +30,7 @@ __all__ = [
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
 SHARED_PER_PAIR = 112 * 1024  # shared memory one of two programs on a Hopper multiprocessor may take
 SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fraction more
+_MIN_BLOCK_N = 32  # samples: the smallest output tile along time
 
 
 class Tiles(NamedTuple):
@@ -59,11 +62,6 @@ class Launch(NamedTuple):
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _block(extent: int, lo: int, hi: int) -> int:
-    """The power of two that covers ``extent``, clamped to ``[lo, hi]``."""
-    return max(lo, min(hi, 1 << max(extent - 1, 0).bit_length()))
 
 
 def block_k(padded_channels: int) -> int:
@@ -116,8 +114,8 @@ def plan(
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
     t = tiles or default_tiles(batch, cout, tout, sms, bk)
-    block_m, block_n = _block(cout, 64, t.block_m), _block(tout, 32, t.block_n)
-    warps = min(t.warps if t.block_m > 64 else 4, 4 * (block_m // 64))  # one warpgroup per 64 rows
+    block_m, block_n = pow2_block(cout, WARPGROUP_ROWS, t.block_m), pow2_block(tout, _MIN_BLOCK_N, t.block_n)
+    warps = min(t.warps if t.block_m > WARPGROUP_ROWS else 4, 4 * (block_m // WARPGROUP_ROWS))  # 4 per group
     tiles_n, tiles_m = _cdiv(tout, block_n), _cdiv(cout, block_m)
     if split is None:
         programs = tiles_n * tiles_m * batch

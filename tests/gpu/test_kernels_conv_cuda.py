@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 import streamdec.kernels.conv as kconv
 from streamdec.codecs import Codec, load_codec
-from streamdec.codecs.precision import pack_split_weight, split_input, split_weight
 from streamdec.engine.graphs import static_forward
 from streamdec.kernels.conv import split_conv1d
+from streamdec.kernels.split import pack_split_weight, split_input, split_weight
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 

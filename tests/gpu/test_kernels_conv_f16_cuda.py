@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from streamdec.codecs import Codec, load_codec
-from streamdec.codecs.precision import pack_split_weight_f16, split_input_f16
 from streamdec.engine.graphs import static_forward
 from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import f16_conv_supported, split_conv1d_f16
+from streamdec.kernels.split import pack_split_weight_f16, split_input_f16
 
 pytestmark = [
     pytest.mark.cuda,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor
 
+from streamdec import settings
 from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.formats import read_dac_codebooks
 from streamdec.codecs.oobleck import OobleckDecoder
@@ -40,7 +40,7 @@ def refs() -> tuple[Any, Any]:
     missing = [m for m in ("dac", "bigvgan") if importlib.util.find_spec(m) is None]
     if missing:  # find_spec, not importorskip: importing dac before the stub would load torchaudio's .so
         why = f"needs the ref extra ({missing} missing): pip install -c constraints-cpu.txt -e '.[ref]'"
-        if os.environ.get("STREAMDEC_REQUIRE_REF") == "1":  # make test sets it: CI must prove parity
+        if settings.REQUIRE_REF.value():  # make test sets it: CI must prove parity
             pytest.fail(why)
         pytest.skip(why)
 

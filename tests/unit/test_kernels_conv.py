@@ -14,12 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from streamdec.codecs import layers as layers_module
 from streamdec.codecs import load_codec
-from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polyphase_weight
-from streamdec.codecs.precision import pack_split_weight, split_tf32
+from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polyphase_weight, routing
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.conv import conv1d_split_tf32, split_conv1d
+from streamdec.kernels.split import pack_split_weight, split_tf32
 from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 
 
@@ -61,8 +60,8 @@ def test_bad_inputs_are_typed_errors() -> None:
 
 def _route_cpu_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the CPU take the tf32x3 Triton-conv path, as a CUDA float32 input would with the kernel on."""
-    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "takes_split", lambda t: t.dtype == torch.float32)
 
 
 def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,18 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from streamdec.codecs import layers as layers_module
 from streamdec.codecs import load_codec
-from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d
-from streamdec.codecs.precision import (
+from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, all_convs_on_triton_split, routing
+from streamdec.errors import DTypeError, ShapeError
+from streamdec.kernels import f16_launch
+from streamdec.kernels.conv import conv1d_split_f16, split_conv1d_f16
+from streamdec.kernels.split import (
     F16_CHANNEL_QUANTUM,
     pack_split_weight_f16,
     pow2_scale,
     split_input_f16,
 )
-from streamdec.errors import DTypeError, ShapeError
-from streamdec.kernels import f16_launch
-from streamdec.kernels.conv import conv1d_split_f16, split_conv1d_f16
 from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
 
 finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
@@ -206,9 +205,9 @@ def test_bad_inputs_are_typed_errors() -> None:
 
 def _route_cpu_through_the_f16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the CPU take the fp16x3 path, as a CUDA float32 input on a GPU with TMA would."""
-    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(layers_module, "_f16_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(layers_module, "_takes_split", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "f16_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "takes_split", lambda t: t.dtype == torch.float32)
 
 
 def test_fp16x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,7 +220,7 @@ def test_fp16x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> 
     codec.precision = "fp16x3"
     convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_f16 is not None and m.packed_split is None and m.split_weight is None for m in convs)
-    assert layers_module.all_convs_on_triton_split(codec)
+    assert all_convs_on_triton_split(codec)
     calls = count_calls(monkeypatch, "conv1d_split_f16")
     routed = codec.decode(z)
     assert len(calls) == len(convs)
@@ -237,7 +236,7 @@ def test_fused_activations_hand_their_peaks_to_the_convs_after_them(monkeypatch:
     z = torch.randn(2, 24, codec.latent_dim, generator=torch.Generator().manual_seed(4))
     plain = codec.decode(z)
     _route_cpu_through_the_f16_kernel(monkeypatch)
-    monkeypatch.setattr(layers_module, "_fused_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "fused_supported", lambda t: t.dtype == torch.float32)
     codec.precision = "fp16x3"
     seen: list[tuple[bool, bool]] = []
     real = torch.ops.streamdec.conv1d_split_f16
@@ -260,7 +259,7 @@ def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
     codec = load_codec("tiny")
     _route_cpu_through_the_f16_kernel(monkeypatch)
     assert codec.use_auto_precision() == "fp16x3" and codec.precision == "fp16x3"
-    monkeypatch.setattr(layers_module, "_f16_conv_supported", lambda t: False)  # a GPU without TMA
+    monkeypatch.setattr(routing, "f16_conv_supported", lambda t: False)  # a GPU without TMA
     assert codec.use_auto_precision() == "tf32x3"  # every layer on the TF32 kernel
     assert all(m.packed_split is not None for m in codec.modules() if isinstance(m, PaddedConv1d))
 

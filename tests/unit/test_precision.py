@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from torch import Tensor, nn
 
 from streamdec.codecs import ModuleCodec, load_codec
-from streamdec.codecs import layers as layers_module
-from streamdec.codecs.layers import PaddedConv1d, SplitConv
-from streamdec.codecs.precision import PRECISIONS, split_input, split_tf32, split_weight
+from streamdec.codecs.layers import PaddedConv1d, SplitConv, routing
+from streamdec.codecs.precision import PRECISIONS
 from streamdec.errors import ConfigError
+from streamdec.kernels.split import split_input, split_tf32, split_weight
 
 FAMILY_PRESETS = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
 
@@ -167,7 +167,7 @@ def test_split_path_computes_the_same_decode(name: str, monkeypatch: pytest.Monk
     plain = codec.decode(z.float()).double()
     codec.precision = "tf32x3"
     calls: list[int] = []
-    monkeypatch.setattr(layers_module, "_takes_split", lambda x: calls.append(1) or x.dtype == torch.float32)
+    monkeypatch.setattr(routing, "takes_split", lambda x: calls.append(1) or x.dtype == torch.float32)
     split = codec.decode(z.float()).double()
     assert len(calls) > 0
     peak = float(exact.abs().max())
@@ -195,14 +195,14 @@ def test_auto_precision_takes_tf32x3_only_when_every_conv_is_on_triton(
 ) -> None:
     """With the kernel's rule granting float32 (as CUDA would), AuK-style models have a conv form for every
     layer; DAC's and BigVGAN's padded transposed convs do not, and a mixed model would land at 83 dB."""
-    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "triton_conv_supported", lambda t: t.dtype == torch.float32)
     codec = load_codec(name)
     assert codec.use_auto_precision() == expected
     assert codec.precision == expected
 
 
 def test_auto_precision_falls_back_when_tf32x3_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(layers_module, "_triton_conv_supported", lambda t: t.dtype == torch.float32)
+    monkeypatch.setattr(routing, "triton_conv_supported", lambda t: t.dtype == torch.float32)
     module = nn.Sequential(nn.Conv1d(8, 1, 3, padding=1))
     codec = ModuleCodec(module, latent_dim=8, hop_size=1, sample_rate=8000, context=(1, 1))
     assert codec.use_auto_precision() == "fp32"

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from streamdec.engine.base import WindowRequest
 from streamdec.engine.core import DecodeEngine
-from streamdec.engine.graphs import env_flag
 from streamdec.engine.scheduler import BucketKey, Scheduler, linear_cost, normalise_buckets, plan_cover
 from streamdec.errors import ConfigError, EngineClosedError, ShapeError
 
@@ -159,13 +158,6 @@ def test_every_live_window_is_popped_once(items: list[tuple[int, float, bool]]) 
         seen.extend(batch)
     assert sorted(seen) == sorted(live)
     assert s.pop_batch() is None and s.pending == 0
-
-
-@pytest.mark.parametrize(("value", "expected"), [("", False), ("0", False), ("no", False), ("1", True)])
-def test_env_flag(monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
-    """STREAMDEC_NO_* flags: '', '0', 'false', 'no' mean off."""
-    monkeypatch.setenv("STREAMDEC_TEST_FLAG", value)
-    assert env_flag("STREAMDEC_TEST_FLAG") is expected
 
 
 # -- the engine's async machinery on the CPU (eager tier) ----------------------------------------------

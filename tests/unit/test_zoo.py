@@ -27,6 +27,7 @@ from streamdec.codecs.layers import (
     Snake,
     SnakeBeta,
     refresh_caches,
+    routing,
 )
 from streamdec.codecs.oobleck import OOBLECK_TINY
 from streamdec.codecs.registry import build_codec, family_class, finalize
@@ -265,15 +266,13 @@ def test_centred_activation_through_the_causal_op_equals_reference(length: int, 
 
 def test_centred_activation_dispatches_to_the_op_when_supported(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the kernel applies, a centred activation uses it (long inputs), else the reference path."""
-    import streamdec.codecs.layers as layers
-
     pytest.importorskip("streamdec.kernels.alias_free")
     calls: list[int] = []
     act = AliasFreeActivation(2, causal=False)
     _random_(act)
     act = act.float()
     refresh_caches(act)
-    monkeypatch.setattr(layers, "_fused_supported", lambda x: True)
+    monkeypatch.setattr(routing, "fused_supported", lambda x: True)
     monkeypatch.setattr(
         AliasFreeActivation, "_fused", lambda self, x: calls.append(x.shape[-1]) or self.reference(x)
     )
