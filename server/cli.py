@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 
 import anyio
 
@@ -31,6 +30,16 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-streams", type=int, default=defaults.limits.max_streams,
                         help="streams per connection")  # fmt: skip
     parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    parser.add_argument("--max-streams-total", type=int, default=None,
+                        help="real-time streams admitted on all connections (default: measured at warm-up)")  # fmt: skip
+    parser.add_argument("--max-connections-per-client", type=int, default=defaults.max_connections_per_client,
+                        help="connections per client IP address")  # fmt: skip
+    parser.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
+                        help="seconds a connection with no open stream may send nothing before it is closed")  # fmt: skip
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser Origin allowed besides the server's own page (repeatable)")  # fmt: skip
+    parser.add_argument("--public-healthz", action="store_true",
+                        help="with --token: keep /healthz open for probes that cannot send the token")  # fmt: skip
     parser.add_argument("--grace", type=float, default=defaults.grace,
                         help="seconds in-flight streams get to finish on shutdown before 1001")  # fmt: skip
     parser.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
@@ -55,6 +64,11 @@ def run_serve(args: argparse.Namespace) -> int:
         token=args.token or None,
         limits=Limits(max_streams=args.max_streams),
         max_connections=args.max_connections,
+        max_streams_total=args.max_streams_total,
+        max_connections_per_client=args.max_connections_per_client,
+        idle_timeout=args.idle_timeout,
+        allow_origins=tuple(args.allow_origin),
+        public_healthz=args.public_healthz,
         grace=args.grace,
         send_timeout=args.send_timeout,
     )
@@ -83,17 +97,13 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         codec, min_emit=args.min_emit, max_emit=args.max_emit, **options
     ) as decoder:
         server = StreamServer(decoder, config)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            await server.start()
-            report = await server.warmup()
-            decoder.freeze()
-            print(f"streamdec: warm-up {report.seconds:.1f} s, {report.graphs} graphs, "
-                  f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory", flush=True)  # fmt: skip
-            print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
-                  f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
-            async for signum in signals:
-                print(f"streamdec: {signal.Signals(signum).name}: finishing in-flight streams "
-                      f"(up to {config.grace:g} s), then closing", flush=True)  # fmt: skip
-                break
-            await server.shutdown()
+        await server.start()
+        report = await server.warmup()
+        decoder.freeze()
+        print(f"streamdec: warm-up {report.seconds:.1f} s, {report.graphs} graphs, "
+              f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory; capacity "
+              f"{server.admission.capacity} real-time streams ({server.admission.source})", flush=True)  # fmt: skip
+        print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
+              f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
+        await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))
     print("streamdec: stopped", flush=True)

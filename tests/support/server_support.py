@@ -65,6 +65,7 @@ async def running_server(
     options = {"max_emit": 16, **(decoder or {})}  # few window sizes: warm-up stays short on a CPU
     async with streamdec.StreamDecoder(codec, engine=engine, **options) as dec:
         config.setdefault("grace", 5.0)
+        config.setdefault("probe_capacity", False)  # admission unbounded unless a test asks for it
         server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, **config))
         async with server:
             if warm:
