@@ -42,9 +42,10 @@ __all__ = ["StreamServer"]
 
 log = logging.getLogger("streamdec.server")
 
-#: Clips per batch and tiles per clip of the warm-up capacity probe: enough windows that the engine
-#: batches as it does under load, few enough that the probe takes about a second on a CPU.
-_PROBE_CLIPS, _PROBE_TILES = 4, 2
+#: Streams and audio seconds per stream of the warm-up capacity probe: enough windows that the engine
+#: batches as it does under load and the start-up tiles weigh as they do, few enough that the probe
+#: takes a few seconds on a CPU.
+_PROBE_STREAMS, _PROBE_SECONDS = 4, 2.0
 #: At most one log line per this many seconds about failing accept() calls (EMFILE and the like).
 _ACCEPT_LOG_EVERY = 10.0
 
@@ -111,20 +112,29 @@ class StreamServer:
         return report
 
     async def measure_capacity(self) -> int:
-        """Real-time streams this engine sustains: one batched decode at the policy's largest tile.
+        """Real-time streams this engine sustains, from one batched run of the policy's tile schedule.
 
-        Decodes ``_PROBE_CLIPS`` clips of ``_PROBE_TILES`` steady-state tiles each at once (the engine
-        batches their windows as it does under load), twice; the second, warm run counts. Capacity is the
-        audio decoded per wall second times :data:`~.admission.SAFETY_FACTOR` (0.5).
+        ``_PROBE_STREAMS`` streams of ``_PROBE_SECONDS`` of audio each start together and are decoded
+        through ``decode_tiles`` with all their latents at hand: their small first tiles (the costly part of
+        a stream, all halo) and then steady-state ``max_emit`` tiles, batched by the engine as under load.
+        Capacity is the audio decoded per wall second times :data:`~.admission.SAFETY_FACTOR` (0.5).
         """
-        frames = self.decoder.max_emit * _PROBE_TILES
+        rate = self.codec.sample_rate / self.codec.hop_size
+        frames = max(round(_PROBE_SECONDS * rate), 1)
         gen = torch.Generator().manual_seed(0)
-        latents = torch.randn(_PROBE_CLIPS, frames, self.codec.latent_dim, generator=gen) * 0.5
-        await self.decoder.decode(latents)
+        clips = torch.randn(_PROBE_STREAMS, frames, self.codec.latent_dim, generator=gen) * 0.5
+
+        async def one(clip: torch.Tensor) -> None:
+            async with self.decoder.decode_tiles([clip]) as tiles:
+                async for _ in tiles:
+                    pass
+
         began = time.perf_counter()
-        await self.decoder.decode(latents)
+        async with anyio.create_task_group() as tg:
+            for clip in clips:
+                tg.start_soon(one, clip)
         wall = time.perf_counter() - began
-        audio = _PROBE_CLIPS * frames * self.codec.hop_size / self.codec.sample_rate
+        audio = _PROBE_STREAMS * frames / rate
         streams = realtime_streams(audio, wall, SAFETY_FACTOR)
         log.info("capacity: %.2f s of audio in %.3f s -> %d real-time streams", audio, wall, streams)
         return streams
