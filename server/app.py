@@ -121,8 +121,9 @@ class StreamServer:
         """
         rate = self.codec.sample_rate / self.codec.hop_size
         frames = max(round(_PROBE_SECONDS * rate), 1)
+        n = min(_PROBE_STREAMS, self.admission.hard_limit or _PROBE_STREAMS)  # a decoder with slots: no more
         gen = torch.Generator().manual_seed(0)
-        clips = torch.randn(_PROBE_STREAMS, frames, self.codec.latent_dim, generator=gen) * 0.5
+        clips = torch.randn(n, frames, self.codec.latent_dim, generator=gen) * 0.5
 
         async def one(clip: torch.Tensor) -> None:
             async with self.decoder.decode_tiles([clip]) as tiles:
@@ -134,7 +135,7 @@ class StreamServer:
             for clip in clips:
                 tg.start_soon(one, clip)
         wall = time.perf_counter() - began
-        audio = _PROBE_STREAMS * frames / rate
+        audio = n * frames / rate
         streams = realtime_streams(audio, wall, SAFETY_FACTOR)
         log.info("capacity: %.2f s of audio in %.3f s -> %d real-time streams", audio, wall, streams)
         return streams
