@@ -9,16 +9,18 @@ Example::
         async for frame in stream:          # AudioFrame, in order, until the server's done
             play(frame.samples)             # float32 [channels, n]
 
-One task reads the socket and routes each message to its stream's bounded queue. A stream whose frames
-are not consumed fills its queue, which stops that reading task, which pauses every stream of the
-connection (and, through TCP, the server's decoding for it): consume every open stream.
+One task reads the socket all the time (so keepalive pings are answered whatever the streams do) and
+routes each message to its stream. Flow control is the server's ``max_buffered_frames`` (in ``ready``):
+:meth:`ClientStream.send` waits while the stream is that many frames ahead of the audio received, so a
+producer faster than decoding is paused, never refused. Audio received and not yet iterated waits in the
+stream (at most the audio of the latents sent): iterate every stream you open.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import json
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,10 +40,19 @@ from streamdec.protocol import (
     DEFAULT_FORMAT,
     LATENT_DTYPES,
     SAMPLE_FORMATS,
-    CodecInfo,
-    Limits,
+    AudioMessage,
+    Cancel,
+    ClientControl,
+    Done,
+    End,
+    ErrorMessage,
+    Ready,
+    ServerControl,
+    Start,
+    Started,
     decode_audio_samples,
     encode_latents,
+    encode_text,
     parse_audio,
     parse_server_text,
 )
@@ -50,7 +61,6 @@ __all__ = ["AudioFrame", "ClientStream", "Connection", "connect"]
 
 #: audio messages are one tile each; this bounds a tile at 16 Mi samples of float32
 DEFAULT_MAX_SIZE = 64 * 2**20
-_QUEUE = 64  # messages buffered per stream before the reading task waits
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,28 +84,63 @@ class ClientStream:
 
     def __init__(self, conn: Connection, stream: int, dtype: str, fmt: str) -> None:
         self.conn, self.id, self.dtype, self.format = conn, stream, dtype, fmt
-        self._in, self._out = anyio.create_memory_object_stream[Any](_QUEUE)
+        # Unbounded: what waits here is the audio of latents this client chose to send (see send()).
+        self._in, self._out = anyio.create_memory_object_stream[AudioMessage | Done](math.inf)
         self._seq = 0
         self._expected_sample = 0
-        self.done: dict[str, Any] | None = None
+        self._frames_sent = 0
+        self._samples_received = 0  # counted as the reading task routes them: the server's progress
+        self._progress = anyio.Event()
+        self._ended = False  # done arrived or the connection ended: nothing more will be acknowledged
+        self.done_message: Done | None = None
         self.errors: list[ServerError] = []  # every error message the server sent about this stream
 
+    @property
+    def done(self) -> dict[str, Any] | None:
+        """The server's ``done`` message as JSON, once iteration ended (``done_message``: typed)."""
+        return None if self.done_message is None else self.done_message.to_json()
+
+    @property
+    def frames_ahead(self) -> int:
+        """Latent frames sent whose audio has not arrived yet (an upper bound of what the server holds)."""
+        return self._frames_sent - self._samples_received // self.conn.codec.hop_size
+
     async def send(self, latents: torch.Tensor | np.ndarray) -> None:
-        """Send ``[T, latent_dim]`` latents, as many messages as ``max_frames_per_message`` requires."""
+        """Send ``[T, latent_dim]`` latents, as many messages as ``max_frames_per_message`` requires.
+
+        Waits while the stream is ``max_buffered_frames`` frames ahead of the audio received (the server
+        would refuse more with ``backlog_full``); the wait ends as audio arrives.
+        """
         step = self.conn.limits.max_frames_per_message
         for begin in range(0, max(len(latents), 1), step):
-            await self.conn.ws.send(
-                encode_latents(self.id, self._seq, latents[begin : begin + step], self.dtype)
-            )
+            chunk = latents[begin : begin + step]
+            await self._room_for(len(chunk))
+            await self.conn.ws.send(encode_latents(self.id, self._seq, chunk, self.dtype))
             self._seq += 1
+            self._frames_sent += len(chunk)
+
+    async def _room_for(self, frames: int) -> None:
+        cap = self.conn.limits.max_buffered_frames
+        while self.frames_ahead + frames > cap and not self._ended:
+            await self._progress.wait()
+
+    def _received(self, n_samples: int) -> None:
+        self._samples_received += n_samples
+        self._progress.set()
+        self._progress = anyio.Event()
+
+    def _finish(self) -> None:
+        self._ended = True
+        self._in.close()
+        self._received(0)  # a sender waiting for room stops waiting
 
     async def end(self) -> None:
         """No more latents: the server decodes the rest, sends it, then ``done``."""
-        await self.conn.send_json({"type": "end", "stream": self.id})
+        await self.conn.send_control(End(self.id))
 
     async def cancel(self) -> None:
         """Stop now: the server drops what is pending and sends ``done`` with status ``cancelled``."""
-        await self.conn.send_json({"type": "cancel", "stream": self.id})
+        await self.conn.send_control(Cancel(self.id))
 
     def __aiter__(self) -> AsyncIterator[AudioFrame]:
         return self._frames()
@@ -103,9 +148,9 @@ class ClientStream:
     async def _frames(self) -> AsyncIterator[AudioFrame]:
         channels = self.conn.codec.channels
         async for item in self._out:
-            if isinstance(item, dict):  # done
-                self.done = item
-                if item["status"] == "error":
+            if isinstance(item, Done):
+                self.done_message = item
+                if item.status == "error":
                     raise (
                         self.errors[-1]
                         if self.errors
@@ -127,27 +172,25 @@ class ClientStream:
 class Connection:
     """A connected client; ``codec`` and ``limits`` come from the server's ``ready``."""
 
-    def __init__(self, ws: ClientConnection, ready: dict[str, Any]) -> None:
+    def __init__(self, ws: ClientConnection, ready: Ready) -> None:
         self.ws = ws
-        self.ready = ready
-        codec = ready["codec"]
-        self.codec = CodecInfo(
-            codec["name"],
-            codec["latent_dim"],
-            codec["hop_size"],
-            codec["sample_rate"],
-            codec["channels"],
-            tuple(codec["context"]),
-        )
-        self.limits = Limits(**ready["limits"])
+        self.ready_message = ready
+        self.codec = ready.codec
+        self.limits = ready.limits
         self.errors: list[ServerError] = []  # error messages about no open stream (stream null or unknown)
         self._streams: dict[int, ClientStream] = {}
-        self._pending: dict[int, MemoryObjectSendStream[dict[str, Any]]] = {}
+        self._pending: dict[int, MemoryObjectSendStream[Started | ErrorMessage]] = {}
         self._ids = itertools.count()
         self._handles: list[ClientStream] = []  # every stream opened; all are closed with the connection
 
-    async def send_json(self, obj: dict[str, Any]) -> None:
-        await self.ws.send(_json(obj))
+    @property
+    def ready(self) -> dict[str, Any]:
+        """The server's ``ready`` message as JSON (``ready_message``: typed)."""
+        return self.ready_message.to_json()
+
+    async def send_control(self, msg: ClientControl) -> None:
+        """Send one control message (``Start``, ``End``, ``Cancel``)."""
+        await self.ws.send(encode_text(msg))
 
     async def open_stream(
         self, *, stream: int | None = None, dtype: str = DEFAULT_DTYPE, format: str = DEFAULT_FORMAT
@@ -159,18 +202,18 @@ class Connection:
                 f"{list(SAMPLE_FORMATS)}"
             )
         sid = next(i for i in self._ids if i not in self._streams) if stream is None else stream
-        reply_in, reply_out = anyio.create_memory_object_stream[dict[str, Any]](1)
+        reply_in, reply_out = anyio.create_memory_object_stream[Started | ErrorMessage](1)
         self._pending[sid] = reply_in
         try:
             with reply_in, reply_out:
-                await self.send_json({"type": "start", "stream": sid, "dtype": dtype, "format": format})
+                await self.send_control(Start(sid, dtype, format))
                 reply = await reply_out.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise self.closed_error(sid) from None
         finally:
             self._pending.pop(sid, None)
-        if reply["type"] == "error":
-            raise _server_error(reply)
+        if isinstance(reply, ErrorMessage):
+            raise reply.to_exception()
         handle = ClientStream(self, sid, dtype, format)
         self._streams[sid] = handle
         self._handles.append(handle)
@@ -193,40 +236,34 @@ class Connection:
             async for message in self.ws:
                 if isinstance(message, bytes):
                     audio = parse_audio(message)
-                    if audio.stream in self._streams:
-                        await self._streams[audio.stream]._in.send(audio)
+                    handle = self._streams.get(audio.stream)
+                    if handle is not None:
+                        handle._received(audio.n_samples)
+                        handle._in.send_nowait(audio)
                 else:
                     await self._on_text(parse_server_text(message))
         except ConnectionClosed:
             pass
         finally:
             for handle in self._streams.values():
-                handle._in.close()
+                handle._finish()
             for reply in self._pending.values():
                 reply.close()
 
-    async def _on_text(self, msg: dict[str, Any]) -> None:
-        kind, stream = msg["type"], msg.get("stream")
-        handle = self._streams.get(stream) if isinstance(stream, int) else None
-        reply = self._pending.get(stream) if isinstance(stream, int) else None
-        if reply is not None and kind in ("started", "error"):
+    async def _on_text(self, msg: ServerControl) -> None:
+        stream = getattr(msg, "stream", None)
+        handle = self._streams.get(stream) if stream is not None else None
+        reply = self._pending.get(stream) if stream is not None else None
+        if reply is not None and isinstance(msg, Started | ErrorMessage):
             await reply.send(msg)
-        elif kind == "error" and handle is not None:
-            handle.errors.append(_server_error(msg))
-        elif kind == "error":
-            self.errors.append(_server_error(msg))
-        elif kind == "done" and handle is not None:
+        elif isinstance(msg, ErrorMessage) and handle is not None:
+            handle.errors.append(msg.to_exception())
+        elif isinstance(msg, ErrorMessage):
+            self.errors.append(msg.to_exception())
+        elif isinstance(msg, Done) and handle is not None:
             del self._streams[handle.id]
-            await handle._in.send(msg)
-            handle._in.close()
-
-
-def _json(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, separators=(",", ":"))
-
-
-def _server_error(msg: dict[str, Any]) -> ServerError:
-    return ServerError(str(msg.get("code")), str(msg.get("message")), stream=msg.get("stream"))
+            handle._in.send_nowait(msg)
+            handle._finish()
 
 
 @contextlib.asynccontextmanager
@@ -244,11 +281,11 @@ async def connect(
     async with ws_connect(
         url, additional_headers=headers, compression=None, max_size=max_size, **kwargs
     ) as ws:
-        first = parse_server_text(await ws.recv())
-        if first["type"] == "error":
-            raise _server_error(first)
-        if first["type"] != "ready" or first.get("protocol") != 1:
-            raise ServerError("bad_message", f"expected ready for protocol 1, got {first!r:.200}")
+        first = parse_server_text(await ws.recv())  # a ready of another protocol version raises here
+        if isinstance(first, ErrorMessage):
+            raise first.to_exception()
+        if not isinstance(first, Ready):
+            raise ServerError("bad_message", f"expected ready first, got {first!r:.200}")
         conn = Connection(ws, first)
         tg: TaskGroup
         async with anyio.create_task_group() as tg:

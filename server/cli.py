@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 from typing import Any
 
 import anyio
 
 from streamdec import settings
 from streamdec.protocol import STREAM_PATH, Limits
+from streamdec.streaming import DEFAULT_MAX_STEP, DEFAULT_MAX_STREAMS
 
 from .config import ServerConfig
 
@@ -33,12 +33,29 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-streams", type=int, default=defaults.limits.max_streams,
                         help="streams per connection")  # fmt: skip
     parser.add_argument("--max-connections", type=int, default=defaults.max_connections)
+    parser.add_argument("--max-streams-total", type=int, default=None,
+                        help="real-time streams admitted on all connections (default: measured at warm-up)")  # fmt: skip
+    parser.add_argument("--max-connections-per-client", type=int, default=defaults.max_connections_per_client,
+                        help="connections per client IP address")  # fmt: skip
+    parser.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
+                        help="seconds a connection with no open stream may send nothing before it is closed")  # fmt: skip
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser Origin allowed besides the server's own page (repeatable)")  # fmt: skip
+    parser.add_argument("--public-healthz", action="store_true",
+                        help="with --token: keep /healthz open for probes that cannot send the token")  # fmt: skip
     parser.add_argument("--grace", type=float, default=defaults.grace,
                         help="seconds in-flight streams get to finish on shutdown before 1001")  # fmt: skip
     parser.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
                         help="seconds a listener may read nothing before it is closed with 1013")  # fmt: skip
+    parser.add_argument("--mode", choices=["stateful", "halo"], default=None,
+                        help="stateful: each frame decoded once, per-stream layer state in device slots (default "
+                             "where the codec supports it); halo: overlapping windows that recompute context")  # fmt: skip
+    parser.add_argument("--slots", type=int, default=None,
+                        help="stateful: stream slots allocated at start (default: --max-streams-total, else "
+                             f"{DEFAULT_MAX_STREAMS}); a stream beyond them is refused")  # fmt: skip
     parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
-    parser.add_argument("--max-emit", type=int, default=64, help="largest tile, in frames")
+    parser.add_argument("--max-emit", type=int, default=None,
+                        help=f"largest tile or step, in frames (default {DEFAULT_MAX_STEP} stateful, 64 halo)")  # fmt: skip
     parser.add_argument("--precision", choices=["auto", *PRECISIONS], default="auto",
                         help="CUDA convolutions: auto (default: fp16x3 where every convolution takes the float16 "
                              "split kernel, an H100/H200; else tf32x3 where every one takes the TF32 split "
@@ -62,6 +79,11 @@ def run_serve(args: argparse.Namespace) -> int:
         token=args.token or None,
         limits=Limits(max_streams=args.max_streams),
         max_connections=args.max_connections,
+        max_streams_total=args.max_streams_total,
+        max_connections_per_client=args.max_connections_per_client,
+        idle_timeout=args.idle_timeout,
+        allow_origins=tuple(args.allow_origin),
+        public_healthz=args.public_healthz,
         grace=args.grace,
         send_timeout=args.send_timeout,
     )
@@ -92,21 +114,21 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
 
         options = {"engine": SimulatedEngine(codec, cost=SimulatedCost.parse(args.simulated_cost_ms))}
+    elif args.mode != "halo" and streamdec.supports_stateful(codec):
+        options["max_streams"] = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
     async with streamdec.StreamDecoder(
-        codec, min_emit=args.min_emit, max_emit=args.max_emit, **options
+        codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
     ) as decoder:
         server = StreamServer(decoder, config)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            await server.start()
-            report = await server.warmup()
-            decoder.freeze()
-            print(f"streamdec: warm-up {report.seconds:.1f} s, {report.graphs} graphs, "
-                  f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory", flush=True)  # fmt: skip
-            print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
-                  f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
-            async for signum in signals:
-                print(f"streamdec: {signal.Signals(signum).name}: finishing in-flight streams "
-                      f"(up to {config.grace:g} s), then closing", flush=True)  # fmt: skip
-                break
-            await server.shutdown()
+        await server.start()
+        report = await server.warmup()
+        decoder.freeze()
+        state = decoder.engine.state_memory_bytes()
+        print(f"streamdec: {decoder.mode} mode; warm-up {report.seconds:.1f} s, {report.graphs} graphs, "
+              f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory, {state / 2**30:.2f} GiB of stream "
+              f"state; capacity "
+              f"{server.admission.capacity} real-time streams ({server.admission.source})", flush=True)  # fmt: skip
+        print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
+              f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
+        await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))
     print("streamdec: stopped", flush=True)

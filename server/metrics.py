@@ -60,10 +60,22 @@ class ServerMetrics:
     bytes_out: int = 0
     audio_samples: int = 0  # samples per channel sent, all streams
     errors: Counter[str] = field(default_factory=Counter)
-    streams: Counter[str] = field(default_factory=Counter)  # finished streams by done status
+    streams: Counter[str] = field(default_factory=Counter)  # finished streams by done status, or "lost"
+    refused: int = 0  # starts refused by admission (over_capacity)
+    handshakes_refused: int = 0  # connections dropped at accept: max_handshakes were in the handshake
+    accept_errors: int = 0  # accept() calls that failed for want of file descriptors or memory
     ttfa: Histogram = field(default_factory=lambda: Histogram(_TTFA_BUCKETS))
 
-    def render(self, decoder: DecoderStats, *, sample_rate: int, hop_size: int, warm: bool) -> str:
+    def render(
+        self,
+        decoder: DecoderStats,
+        *,
+        sample_rate: int,
+        hop_size: int,
+        warm: bool,
+        capacity: int | None = None,
+        handshaking: int = 0,
+    ) -> str:
         """Prometheus text exposition format 0.0.4."""
         engine = decoder.engine
         decoded_audio = decoder.frames * hop_size / sample_rate
@@ -95,11 +107,41 @@ class ServerMetrics:
         metric(
             "streamdec_streams_total",
             "counter",
-            "Finished streams by done status.",
+            "Finished streams by done status; lost: the connection ended before the stream's done.",
             [
                 f'streamdec_streams_total{{status="{s}"}} {self.streams[s]}'
-                for s in ("completed", "cancelled", "error")
+                for s in ("completed", "cancelled", "error", "lost")
             ],
+        )
+        metric(
+            "streamdec_capacity_streams",
+            "gauge",
+            "Real-time streams admitted at most (measured at warm-up or --max-streams-total); -1: unbounded.",
+            [f"streamdec_capacity_streams {-1 if capacity is None else capacity}"],
+        )
+        metric(
+            "streamdec_streams_refused_total",
+            "counter",
+            "Starts refused by admission (over_capacity).",
+            [f"streamdec_streams_refused_total {self.refused}"],
+        )
+        metric(
+            "streamdec_handshakes",
+            "gauge",
+            "Connections in their opening handshake now.",
+            [f"streamdec_handshakes {handshaking}"],
+        )
+        metric(
+            "streamdec_handshakes_refused_total",
+            "counter",
+            "Connections dropped at accept because max_handshakes were in their handshake.",
+            [f"streamdec_handshakes_refused_total {self.handshakes_refused}"],
+        )
+        metric(
+            "streamdec_accept_errors_total",
+            "counter",
+            "accept() calls that failed for want of file descriptors or memory (EMFILE, ENFILE, ...).",
+            [f"streamdec_accept_errors_total {self.accept_errors}"],
         )
         metric(
             "streamdec_errors_total",

@@ -9,6 +9,7 @@ server :mod:`streamdec.server`.
 from __future__ import annotations
 
 from .codecs import Codec, load_codec, save_codec
+from .codecs.stateful import supports_stateful
 from .engine import Engine, WarmupReport, WindowRequest, create_engine
 from .planning import StreamPlanner, Window, plan_tiles
 from .session import StreamSession, Tile
@@ -33,4 +34,5 @@ __all__ = [
     "load_codec",
     "plan_tiles",
     "save_codec",
+    "supports_stateful",
 ]

@@ -11,6 +11,7 @@
     │   ├── DTypeError         not a floating-point array
     │   ├── NonFiniteError     NaN or Inf in a chunk (rejected unless allowed)
     │   └── StreamEndedError   a chunk fed after the stream ended
+    ├── NonFiniteOutputError   finite latents the codec decoded into NaN or Inf audio (nothing is sent)
     ├── EngineError            the decode engine failed or was used after it closed
     │   ├── EngineClosedError  submit after ``aclose()``
     │   ├── CaptureFrozenError a new graph capture was needed after ``freeze()``
@@ -34,6 +35,7 @@ __all__ = [
     "EngineError",
     "InputError",
     "NonFiniteError",
+    "NonFiniteOutputError",
     "ProtocolError",
     "ServerError",
     "ShapeError",
@@ -79,6 +81,12 @@ class StreamEndedError(InputError):
     """A chunk fed to a stream after it ended."""
 
 
+class NonFiniteOutputError(StreamdecError, ValueError):
+    """Decoded audio holding NaN or Inf although the latents were finite (e.g. values near the float32 limit
+    that overflow inside the codec). The input is at fault, not the engine, but no single chunk is: the
+    message names the window's frames; rescale the latents to the codec's range."""
+
+
 class EngineError(StreamdecError, RuntimeError):
     """The decode engine failed."""
 
@@ -105,4 +113,11 @@ class ProtocolError(StreamdecError):
 
 
 class ServerError(ProtocolError):
-    """An ``error`` message the server sent; ``code`` and ``stream`` are the message's own."""
+    """An ``error`` message the server sent; ``code``, ``stream`` and ``retry_after_ms`` are the message's
+    own (``retry_after_ms``: how long the server asks to wait before retrying, or None)."""
+
+    def __init__(
+        self, code: str, message: str, *, stream: int | None = None, retry_after_ms: int | None = None
+    ) -> None:
+        super().__init__(code, message, stream=stream)
+        self.retry_after_ms = retry_after_ms

@@ -1,8 +1,10 @@
 """Wire protocol v1, sans-I/O: bytes and text in, validated messages out, and back.
 
 Nothing here touches a socket or an event loop. The server feeds each received WebSocket message to
-:class:`ServerState` and sends what it returns; the client library uses the encoders and parsers at the
-bottom. ``PROTOCOL.md`` at the repository root is the normative description; this module implements it.
+:class:`ServerState` and sends what it returns; the client library uses the same typed messages, the
+encoders and the parsers at the bottom. Every control message, in either direction, is a frozen dataclass
+with ``to_json()``; :func:`encode_text` makes its text frame, :func:`parse_client_text` and
+:func:`parse_server_text` parse one back, so neither side writes JSON or a version number by hand. ``PROTOCOL.md`` at the repository root is the normative description; this module implements it.
 
 Binary messages (all integers little-endian)::
 
@@ -31,7 +33,9 @@ from streamdec.errors import (
     DTypeError,
     InputError,
     NonFiniteError,
+    NonFiniteOutputError,
     ProtocolError,
+    ServerError,
     ShapeError,
     StreamEndedError,
 )
@@ -51,20 +55,29 @@ __all__ = [
     "STREAM_PATH",
     "AudioMessage",
     "Cancel",
+    "ClientControl",
     "CloseCode",
     "CodecInfo",
+    "Done",
+    "DoneStatus",
     "End",
     "ErrorCode",
+    "ErrorMessage",
     "LatentMessage",
     "Limits",
+    "Ready",
+    "ServerControl",
     "ServerState",
     "Start",
+    "Started",
     "decode_audio_samples",
     "encode_audio",
     "encode_latents",
+    "encode_text",
     "error_code_for",
     "error_message",
     "parse_audio",
+    "parse_client_text",
     "parse_server_text",
 ]
 
@@ -100,16 +113,24 @@ class ErrorCode(str, enum.Enum):
     OUT_OF_ORDER = "out_of_order"
     NON_FINITE = "non_finite"
     TOO_LARGE = "too_large"
+    NON_FINITE_OUTPUT = "non_finite_output"
+    BACKLOG_FULL = "backlog_full"
+    OVER_CAPACITY = "over_capacity"
     OVERLOADED = "overloaded"
+    SHUTTING_DOWN = "shutting_down"
+    IDLE_TIMEOUT = "idle_timeout"
+    TOO_MANY_ERRORS = "too_many_errors"
     UNAUTHORIZED = "unauthorized"
+    FORBIDDEN_ORIGIN = "forbidden_origin"
     INTERNAL = "internal"
 
 
 class CloseCode(enum.IntEnum):
     """WebSocket close codes the server uses."""
 
-    NORMAL = 1000
+    NORMAL = 1000  # also an idle connection closed after ``idle_timeout`` (after an ``idle_timeout`` error)
     GOING_AWAY = 1001  # server shutdown, after in-flight streams finished (or the grace period ran out)
+    POLICY_VIOLATION = 1008  # the connection spent its error budget (after a ``too_many_errors`` error)
     MESSAGE_TOO_BIG = 1009  # a message over ``max_message_bytes``; sent by the websocket layer itself
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013  # overloaded: too many connections, or a listener stalled past the bound
@@ -123,6 +144,9 @@ STREAM_ENDING_CODES = frozenset(
         ErrorCode.OUT_OF_ORDER,
         ErrorCode.NON_FINITE,
         ErrorCode.TOO_LARGE,
+        ErrorCode.NON_FINITE_OUTPUT,
+        ErrorCode.BACKLOG_FULL,
+        ErrorCode.SHUTTING_DOWN,
         ErrorCode.INTERNAL,
     }
 )
@@ -130,11 +154,14 @@ STREAM_ENDING_CODES = frozenset(
 #: codes that, raised for the connection as a whole (``stream`` null), close it with this close code
 CLOSE_CODES: Mapping[ErrorCode, CloseCode] = {
     ErrorCode.OVERLOADED: CloseCode.TRY_AGAIN_LATER,
+    ErrorCode.IDLE_TIMEOUT: CloseCode.NORMAL,
+    ErrorCode.TOO_MANY_ERRORS: CloseCode.POLICY_VIOLATION,
     ErrorCode.INTERNAL: CloseCode.INTERNAL_ERROR,
 }
 
 # The one mapping from the exception tree to wire codes; most specific class first.
 _ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (NonFiniteOutputError, ErrorCode.NON_FINITE_OUTPUT),
     (NonFiniteError, ErrorCode.NON_FINITE),
     (ShapeError, ErrorCode.BAD_PAYLOAD),
     (DTypeError, ErrorCode.BAD_PAYLOAD),
@@ -185,6 +212,24 @@ class CodecInfo:
             context=(int(left), int(right)),
         )
 
+    @classmethod
+    def from_json(cls, obj: Any) -> CodecInfo:
+        """Parse ``ready.codec``; raises ProtocolError ``bad_message`` on a missing or mistyped field."""
+        fields = _object(obj, "ready.codec")
+        context = fields.get("context")
+        if not (isinstance(context, list) and len(context) == 2 and all(_is_count(v) for v in context)):
+            raise _fail(
+                ErrorCode.BAD_MESSAGE, f"ready.codec.context must be [left, right], got {context!r:.80}"
+            )
+        return cls(
+            name=_field(fields, "name", str, "ready.codec"),
+            latent_dim=_count(fields, "latent_dim", "ready.codec"),
+            hop_size=_count(fields, "hop_size", "ready.codec"),
+            sample_rate=_count(fields, "sample_rate", "ready.codec"),
+            channels=_count(fields, "channels", "ready.codec"),
+            context=(int(context[0]), int(context[1])),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -202,11 +247,15 @@ class Limits:
 
     ``max_message_bytes`` bounds every received message (the websocket layer closes with 1009 above it);
     it must leave room for a full float32 latent message of ``max_frames_per_message`` frames.
+    ``max_buffered_frames`` bounds the latent frames a stream may have received but not yet handed to the
+    decoder: a producer faster than decoding waits for audio before sending more (the reference client
+    does), and a message that would pass the bound ends the stream with ``backlog_full``.
     """
 
     max_streams: int = 8
     max_frames_per_message: int = 512
     max_message_bytes: int = 0  # 0: the smallest size that fits a full float32 message, at least 64 KiB
+    max_buffered_frames: int = 4096
 
     def resolved(self, latent_dim: int) -> Limits:
         """These limits with ``max_message_bytes`` filled in for ``latent_dim``; raises ConfigError if unusable."""
@@ -214,6 +263,12 @@ class Limits:
             raise ConfigError(
                 f"max_streams={self.max_streams} and max_frames_per_message={self.max_frames_per_message} "
                 "must both be >= 1"
+            )
+        if self.max_buffered_frames < 2 * self.max_frames_per_message:
+            raise ConfigError(
+                f"max_buffered_frames={self.max_buffered_frames} must be at least twice "
+                f"max_frames_per_message={self.max_frames_per_message}, so that a paced producer always has "
+                "a message in flight; raise it or lower max_frames_per_message"
             )
         needed = LATENT_HEADER.size + self.max_frames_per_message * latent_dim * 4
         size = self.max_message_bytes or max(needed, 64 * 1024)
@@ -223,14 +278,20 @@ class Limits:
                 f"{self.max_frames_per_message} frames x latent_dim={latent_dim} ({needed} bytes); "
                 "raise max_message_bytes or lower max_frames_per_message"
             )
-        return Limits(self.max_streams, self.max_frames_per_message, size)
+        return Limits(self.max_streams, self.max_frames_per_message, size, self.max_buffered_frames)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Limits:
+        """Parse ``ready.limits``; a field an older server does not send keeps its default."""
+        fields = _object(obj, "ready.limits")
+        known = {k: _count(fields, k, "ready.limits") for k in _LIMIT_KEYS if k in fields}
+        return cls(**known)
 
     def to_json(self) -> dict[str, int]:
-        return {
-            "max_streams": self.max_streams,
-            "max_frames_per_message": self.max_frames_per_message,
-            "max_message_bytes": self.max_message_bytes,
-        }
+        return {key: int(getattr(self, key)) for key in _LIMIT_KEYS}
+
+
+_LIMIT_KEYS = ("max_streams", "max_frames_per_message", "max_message_bytes", "max_buffered_frames")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -239,19 +300,34 @@ class Limits:
 
 @dataclass(frozen=True)
 class Start:
+    """``start``: open ``stream`` with latents in ``dtype`` and audio in ``format``."""
+
     stream: int
     dtype: str = DEFAULT_DTYPE
     format: str = DEFAULT_FORMAT
 
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "start", "stream": self.stream, "dtype": self.dtype, "format": self.format}
+
 
 @dataclass(frozen=True)
 class End:
+    """``end``: no more latents for ``stream``."""
+
     stream: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "end", "stream": self.stream}
 
 
 @dataclass(frozen=True)
 class Cancel:
+    """``cancel``: stop ``stream`` now."""
+
     stream: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "cancel", "stream": self.stream}
 
 
 ClientControl = Start | End | Cancel
@@ -304,16 +380,133 @@ def encode_audio(stream: int, seq: int, start_sample: int, samples: torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------------
-# Server JSON
+# Server -> client control messages
+
+DoneStatus = Literal["completed", "cancelled", "error"]
+DONE_STATUSES: tuple[DoneStatus, ...] = ("completed", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class Ready:
+    """``ready``, first on every connection: the protocol version, the codec and the limits."""
+
+    codec: CodecInfo
+    limits: Limits
+    protocol: int = PROTOCOL_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "ready",
+            "protocol": self.protocol,
+            "codec": self.codec.to_json(),
+            "limits": self.limits.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Started:
+    """``started``: the server accepted ``start`` for ``stream``."""
+
+    stream: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "started", "stream": self.stream}
+
+
+@dataclass(frozen=True)
+class Done:
+    """``done``, the last message of a started stream. ``frames`` counts the latent frames the server
+    accepted (rejected messages are not counted); ``samples`` the samples per channel it sent."""
+
+    stream: int
+    status: DoneStatus
+    frames: int
+    samples: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "done",
+            "stream": self.stream,
+            "status": self.status,
+            "frames": self.frames,
+            "samples": self.samples,
+        }
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    """``error``: ``stream`` is the stream it concerns or None; ``retry_after_ms`` (``over_capacity``,
+    ``overloaded``) is how long to wait before trying again."""
+
+    code: ErrorCode
+    message: str
+    stream: int | None = None
+    retry_after_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "type": "error",
+            "stream": self.stream,
+            "code": ErrorCode(self.code).value,
+            "message": self.message,
+        }
+        if self.retry_after_ms is not None:
+            obj["retry_after_ms"] = self.retry_after_ms
+        return obj
+
+    def to_exception(self) -> ServerError:
+        """The client library's exception for this message."""
+        return ServerError(
+            ErrorCode(self.code).value, self.message, stream=self.stream, retry_after_ms=self.retry_after_ms
+        )
+
+
+ServerControl = Ready | Started | Done | ErrorMessage
+ControlMessage = Start | End | Cancel | Ready | Started | Done | ErrorMessage
+
+
+def encode_text(msg: ControlMessage) -> str:
+    """The text frame of a control message, in either direction (compact JSON, no NaN)."""
+    return _dumps(msg.to_json())
 
 
 def _dumps(obj: Mapping[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
 
-def error_message(code: ErrorCode | str, message: str, stream: int | None = None) -> str:
-    """An ``error`` message."""
-    return _dumps({"type": "error", "stream": stream, "code": ErrorCode(code).value, "message": message})
+def error_message(
+    code: ErrorCode | str, message: str, stream: int | None = None, *, retry_after_ms: int | None = None
+) -> str:
+    """An ``error`` message's text frame."""
+    return encode_text(ErrorMessage(ErrorCode(code), message, stream, retry_after_ms))
+
+
+# --------------------------------------------------------------------------------------------------
+# Field validation shared by both parsers
+
+
+def _object(obj: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(obj, dict):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"{where} must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _field(obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = obj.get(key)
+    if type(value) is not kind:
+        raise _fail(ErrorCode.BAD_MESSAGE, f"{where}.{key} must be a {kind.__name__}, got {value!r:.80}")
+    return value
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or not _is_count(value):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"{where}.{key} must be an integer >= 0, got {value!r:.80}")
+    return value
 
 
 # --------------------------------------------------------------------------------------------------
@@ -372,6 +565,7 @@ class _StreamState:
     accepting: bool = True  # False after end, cancel or an error: no more input for this stream
     next_seq: int = 0  # expected seq of the next latent message
     frames_in: int = 0  # latent frames accepted
+    buffered: int = 0  # frames accepted and not yet taken by the decoder (see ServerState.consumed)
     audio_seq: int = 0  # seq of the next audio message
     samples_out: int = 0  # samples per channel sent
 
@@ -423,7 +617,17 @@ class ServerState:
             raise
         state.next_seq += 1
         state.frames_in += n_frames
+        state.buffered += n_frames
         return LatentMessage(stream, seq, latents)
+
+    def consumed(self, stream: int, n_frames: int) -> None:
+        """The decoder took ``n_frames`` of ``stream``'s buffered frames: room for that many more."""
+        if stream in self._streams:
+            self._streams[stream].buffered -= n_frames
+
+    def discard(self, stream: int) -> None:
+        """Forget a stream whose ``start`` was refused after validation (e.g. by admission)."""
+        self._streams.pop(stream, None)
 
     def _check_latents(
         self, state: _StreamState, seq: int, n_frames: int, payload: memoryview
@@ -440,6 +644,14 @@ class ServerState:
                 f"{self.limits.max_frames_per_message}; send smaller chunks",
                 stream,
             )
+        if state.buffered + n_frames > self.limits.max_buffered_frames:
+            raise _fail(
+                ErrorCode.BACKLOG_FULL,
+                f"{state.buffered} frames of stream {stream} wait for the decoder and {n_frames} more would "
+                f"pass max_buffered_frames={self.limits.max_buffered_frames}; send no further ahead of the "
+                "audio received than that",
+                stream,
+            )
         dtype = LATENT_DTYPES[state.start.dtype]
         itemsize = torch.empty((), dtype=dtype).element_size()
         expected = n_frames * dim * itemsize
@@ -450,7 +662,16 @@ class ServerState:
                 f"latent_dim={dim} x {itemsize} bytes ({state.start.dtype}) = {expected}",
                 stream,
             )
-        return _from_le_bytes(payload, dtype).view(n_frames, dim)
+        latents = _from_le_bytes(payload, dtype).view(n_frames, dim)
+        if not bool(torch.isfinite(latents).all()):
+            bad = int((~torch.isfinite(latents)).any(dim=1).nonzero()[0, 0])
+            raise _fail(
+                ErrorCode.NON_FINITE,
+                f"latent frame {state.frames_in + bad} (message seq {seq}, row {bad}) holds NaN or Inf; "
+                "send finite values",
+                stream,
+            )
+        return latents
 
     def _open(self, msg: Start) -> None:
         if msg.stream in self._streams:
@@ -481,19 +702,12 @@ class ServerState:
 
     # -- outbound ----------------------------------------------------------------------------------
 
-    def ready(self) -> str:
+    def ready(self) -> Ready:
         """The ``ready`` message sent first on every connection."""
-        return _dumps(
-            {
-                "type": "ready",
-                "protocol": PROTOCOL_VERSION,
-                "codec": self.codec.to_json(),
-                "limits": self.limits.to_json(),
-            }
-        )
+        return Ready(self.codec, self.limits)
 
-    def started(self, stream: int) -> str:
-        return _dumps({"type": "started", "stream": stream})
+    def started(self, stream: int) -> Started:
+        return Started(stream)
 
     def close_input(self, stream: int) -> None:
         """Take no more input for ``stream`` (after an error the decoder raised)."""
@@ -508,18 +722,10 @@ class ServerState:
         state.samples_out += int(samples.shape[1])
         return data
 
-    def done(self, stream: int, status: Literal["completed", "cancelled", "error"]) -> str:
+    def done(self, stream: int, status: DoneStatus) -> Done:
         """The ``done`` message of ``stream``; removes it from the table so its id may be reused."""
         state = self._streams.pop(stream)
-        return _dumps(
-            {
-                "type": "done",
-                "stream": stream,
-                "status": status,
-                "frames": state.frames_in,
-                "samples": state.samples_out,
-            }
-        )
+        return Done(stream, status, state.frames_in, state.samples_out)
 
     @property
     def open_streams(self) -> int:
@@ -570,12 +776,64 @@ def decode_audio_samples(msg: AudioMessage, fmt: str, channels: int) -> np.ndarr
     return pcm.reshape(msg.n_samples, channels).T.copy()
 
 
-def parse_server_text(text: str | bytes) -> dict[str, Any]:
-    """Parse a server control message; raises ProtocolError ``bad_json`` / ``bad_message``."""
+def parse_server_text(text: str | bytes) -> ServerControl:
+    """Parse a server control message into its type; raises ProtocolError ``bad_json`` / ``bad_message``.
+
+    Unknown keys are ignored (later minor versions may add fields); an unknown ``type`` is an error.
+    """
     try:
         obj = json.loads(text)
     except ValueError as exc:
         raise _fail(ErrorCode.BAD_JSON, f"server sent invalid JSON: {exc}") from exc
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise _fail(ErrorCode.BAD_MESSAGE, f"server message without a 'type': {obj!r:.200}")
-    return obj
+    parser = _SERVER_PARSERS.get(obj["type"])
+    if parser is None:
+        raise _fail(ErrorCode.BAD_MESSAGE, f"unknown server message type {obj['type']!r:.80}")
+    message: ServerControl = parser(obj)
+    return message
+
+
+def _parse_ready(obj: Mapping[str, Any]) -> Ready:
+    protocol = obj.get("protocol")
+    if protocol != PROTOCOL_VERSION or type(protocol) is not int:
+        raise _fail(
+            ErrorCode.BAD_MESSAGE,
+            f"the server speaks protocol {protocol!r:.40}; this library speaks {PROTOCOL_VERSION}",
+        )
+    return Ready(CodecInfo.from_json(obj.get("codec")), Limits.from_json(obj.get("limits")), protocol)
+
+
+def _parse_started(obj: Mapping[str, Any]) -> Started:
+    return Started(_parse_stream_id(obj))
+
+
+def _parse_done(obj: Mapping[str, Any]) -> Done:
+    status = obj.get("status")
+    if status not in DONE_STATUSES:
+        raise _fail(ErrorCode.BAD_MESSAGE, f"done.status must be one of {DONE_STATUSES}, got {status!r:.40}")
+    return Done(_parse_stream_id(obj), status, _count(obj, "frames", "done"), _count(obj, "samples", "done"))
+
+
+def _parse_error(obj: Mapping[str, Any]) -> ErrorMessage:
+    stream = None if obj.get("stream") is None else _parse_stream_id(obj)
+    code = obj.get("code")
+    known = {c.value for c in ErrorCode}
+    # An unknown code from a newer server stays a string the client can show; it is not a parse error.
+    if not isinstance(code, str):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"error.code must be a string, got {code!r:.40}")
+    retry = obj.get("retry_after_ms")
+    return ErrorMessage(
+        ErrorCode(code) if code in known else ErrorCode.INTERNAL,
+        str(obj.get("message", "")) if code in known else f"[{code}] {obj.get('message', '')}",
+        stream,
+        retry if _is_count(retry) else None,
+    )
+
+
+_SERVER_PARSERS: Mapping[str, Any] = {
+    "ready": _parse_ready,
+    "started": _parse_started,
+    "done": _parse_done,
+    "error": _parse_error,
+}

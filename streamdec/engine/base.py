@@ -127,6 +127,10 @@ class Engine(abc.ABC):
         """Decode one stateful call and return its audio ``[channels, frames * hop]`` (see StepRequest)."""
         raise EngineError("this engine keeps no per-stream state: use mode='halo'")
 
+    def state_memory_bytes(self) -> int:
+        """Device memory of the per-stream state this engine keeps (0 where it keeps none)."""
+        return 0
+
     async def warmup_steps(self, keys: tuple[tuple[str, int], ...]) -> WarmupReport:
         """Prepare every stateful call shape ``(kind, frames)`` at every batch bucket."""
         raise EngineError("this engine keeps no per-stream state: use mode='halo'")

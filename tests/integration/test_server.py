@@ -213,7 +213,7 @@ async def test_each_error_code_from_its_input(
         assert msg["message"]
         if ends:  # frames: latents the server accepted before the error (the bad message itself when valid)
             done = await next_json(ws)
-            accepted = 1 if code in ("non_finite", "internal") else 0
+            accepted = 1 if code == "internal" else 0  # a refused message is never counted
             assert done == {"type": "done", "stream": 1, "status": "error", "frames": accepted, "samples": 0}
         else:  # stream 1 still works
             latents = clip(9, 0)
@@ -309,7 +309,12 @@ async def test_disconnect_mid_stream_frees_the_stream(codec: Any) -> None:
 async def test_shutdown_finishes_in_flight_streams_then_sends_1001(codec: Any) -> None:
     """Shutdown: no new streams (overloaded), in-flight ones complete, then close 1001."""
     latents = clip(60, 7)
-    async with running_server(codec) as server, raw(server.url) as ws, anyio.create_task_group() as tg:
+    # A grace far above the decode time on a loaded CPU: the stream must complete, not be cut.
+    async with (
+        running_server(codec, grace=120) as server,
+        raw(server.url) as ws,
+        anyio.create_task_group() as tg,
+    ):
         await ready(ws)
         await start(ws, 1, format="pcm_f32le")
         assert await next_json(ws) == {"type": "started", "stream": 1}  # in flight before shutdown begins
@@ -322,7 +327,7 @@ async def test_shutdown_finishes_in_flight_streams_then_sends_1001(codec: Any) -
         await send_latents(ws, 1, latents[30:], chunk=10, first_seq=3)
         await ws.send(json.dumps({"type": "end", "stream": 1}))
         got, other = await collect(ws, {1: "pcm_f32le"})
-        assert got[1].done is not None and got[1].done["status"] == "completed"
+        assert got[1].done is not None and got[1].done["status"] == "completed", got[1].errors
         assert [(o["code"], o["stream"]) for o in other] == [("overloaded", 2)]
         np.testing.assert_allclose(got[1].audio, offline(codec, latents), atol=1e-4, rtol=0)
         with pytest.raises(ConnectionClosed) as info:

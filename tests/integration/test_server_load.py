@@ -77,7 +77,10 @@ async def test_random_malformed_frames_neither_crash_nor_leak(codec: Any) -> Non
     """1,000 seeded random frames: every one answered or applied, the connection stays up, no stream leaks."""
     rng = random.Random(20261130)
     frames = [malformed(rng) for _ in range(1000)]
-    async with running_server(codec, limits=_limits(max_streams=4, max_frames_per_message=8)) as server:
+    # error_budget: this test is about parsing, not about closing a flood (tested on its own)
+    async with running_server(
+        codec, limits=_limits(max_streams=4, max_frames_per_message=8), error_budget=10**6
+    ) as server:
         async with raw(server.url) as ws:
             await ready(ws)
             errors: list[dict[str, Any]] = []
@@ -93,10 +96,12 @@ async def test_random_malformed_frames_neither_crash_nor_leak(codec: Any) -> Non
                     await ws.send(frame)
                 # every frame was read and handled (text frames here are ASCII: characters == bytes)
                 await wait_until(lambda: server.metrics.bytes_in == sum(len(f) for f in frames))
-                await wait_until(lambda: len(errors) >= 500)
+                ending = {"bad_payload", "out_of_order", "non_finite"}  # latents reached a started stream
+                await wait_until(lambda: len(errors) >= 500 and any(e["code"] in ending for e in errors))
                 tg.cancel_scope.cancel()
             assert {e["code"] for e in errors} <= {c.value for c in ErrorCode}
-            assert {"bad_json", "bad_message", "unknown_stream", "bad_payload"} <= {e["code"] for e in errors}
+            codes = {e["code"] for e in errors}
+            assert {"bad_json", "bad_message", "unknown_stream"} <= codes
             for s in range(4):  # whatever the fuzz left open ends now
                 await ws.send(json.dumps({"type": "cancel", "stream": s}))
             # the same connection still decodes exactly
@@ -215,8 +220,10 @@ async def test_slow_reader_does_not_delay_another_connection(fast_codec: Any) ->
         cm, _ = await _stalled_listener(server, frames=2000)
         try:
             await _wait_stalled(server)
-            # intake paused: most of the slow listener's 2000 frames are still unread in the socket
-            assert server.metrics.bytes_in - received_before < 2000 * fast_codec.latent_dim * 4 / 2
+            # decoding paused: the server read the listener's 2000 frames (so it still sees its control
+            # frames) but decodes only as far as the listener reads
+            assert server.metrics.bytes_in - received_before >= 2000 * fast_codec.latent_dim * 4
+            assert server.decoder.stats.frames - len(latents) < 2000
             loaded = await _paced_stream(server.url, latents, 4, fast_codec)
             assert server.open_streams == 1  # the slow listener is still connected, still stalled
         finally:

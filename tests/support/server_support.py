@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import numpy as np
 import torch
 from websockets.asyncio.client import ClientConnection, connect
@@ -51,20 +52,35 @@ class FailingEngine(Engine):
         return self.inner.stats
 
 
+class RecordingEngine(FailingEngine):
+    """The real engine, recording the decoder's stream id of every window it is asked to decode."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.calls: list[int] = []
+
+    async def decode_window(self, request: WindowRequest) -> torch.Tensor:
+        self.calls.append(request.stream_id)
+        return await self.inner.decode_window(request)
+
+
 @contextlib.asynccontextmanager
 async def running_server(
     codec: Any,
     *,
     failing: bool = False,
+    engine: Engine | None = None,
     warm: bool = True,
     decoder: dict[str, Any] | None = None,
     **config: Any,
 ) -> AsyncIterator[StreamServer]:
     """A StreamServer on 127.0.0.1, port 0, over a fresh StreamDecoder (closed on exit)."""
-    engine = FailingEngine(create_engine(codec)) if failing else None
+    if failing:
+        engine = FailingEngine(create_engine(codec))
     options = {"max_emit": 16, **(decoder or {})}  # few window sizes: warm-up stays short on a CPU
     async with streamdec.StreamDecoder(codec, engine=engine, **options) as dec:
         config.setdefault("grace", 5.0)
+        config.setdefault("probe_capacity", False)  # admission unbounded unless a test asks for it
         server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, **config))
         async with server:
             if warm:
@@ -165,3 +181,26 @@ def offline(codec: Any, latents: torch.Tensor) -> np.ndarray:
     """The reference: the codec's own decode of the whole clip, float32 [channels, T * hop]."""
     with torch.no_grad():
         return np.asarray(codec.decode(latents.float()[None])[0].numpy(), dtype=np.float32)
+
+
+@dataclass
+class HttpReply:
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+
+async def http(port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None) -> HttpReply:
+    """One plain HTTP/1.1 request to 127.0.0.1:port; reads until the server closes (it sends close)."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    async with await anyio.connect_tcp("127.0.0.1", port) as sock:
+        await sock.send(("\r\n".join(lines) + "\r\n\r\n").encode())
+        data = b""
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+            while True:
+                data += await sock.receive()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    fields = dict(line.split(": ", 1) for line in header_lines if ": " in line)
+    return HttpReply(int(status_line.split()[1]), {k.lower(): v for k, v in fields.items()}, body)

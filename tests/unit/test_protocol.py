@@ -26,6 +26,7 @@ from streamdec.protocol import (
     LATENT_HEADER,
     CloseCode,
     CodecInfo,
+    Done,
     End,
     ErrorCode,
     Limits,
@@ -34,6 +35,7 @@ from streamdec.protocol import (
     decode_audio_samples,
     encode_audio,
     encode_latents,
+    encode_text,
     error_code_for,
     error_message,
     parse_audio,
@@ -126,15 +128,14 @@ def test_state_numbers_audio_and_reports_done() -> None:
     a0 = parse_audio(s.audio(1, torch.zeros(2, 6)))
     a1 = parse_audio(s.audio(1, torch.zeros(2, 3)))
     assert [(a.seq, a.start_sample) for a in (a0, a1)] == [(0, 0), (1, 6)]
-    done = json.loads(s.done(1, "completed"))
-    assert done == {"type": "done", "stream": 1, "status": "completed", "frames": 3, "samples": 9}
+    assert s.done(1, "completed") == Done(1, "completed", frames=3, samples=9)
     assert s.open_streams == 0
     start(s, 1)  # the id may be reused after done
 
 
 def test_ready_advertises_codec_and_limits() -> None:
     """ready carries protocol 1, the codec description and the limits."""
-    ready = json.loads(state().ready())
+    ready = json.loads(encode_text(state().ready()))
     assert ready == {
         "type": "ready",
         "protocol": 1,
@@ -146,7 +147,12 @@ def test_ready_advertises_codec_and_limits() -> None:
             "channels": 2,
             "context": [5, 2],
         },
-        "limits": {"max_streams": 2, "max_frames_per_message": 8, "max_message_bytes": 64 * 1024},
+        "limits": {
+            "max_streams": 2,
+            "max_frames_per_message": 8,
+            "max_message_bytes": 64 * 1024,
+            "max_buffered_frames": 4096,
+        },
     }
 
 
@@ -235,7 +241,7 @@ def test_stream_ending_error_closes_input() -> None:
         s.receive_binary(_latent(1, 5, 0, b""))
     with raises_code(ErrorCode.UNKNOWN_STREAM, 1):
         s.receive_binary(_latent(1, 0, 0, b""))
-    assert json.loads(s.done(1, "error"))["status"] == "error"
+    assert s.done(1, "error").status == "error"
 
 
 def test_end_closes_input_but_keeps_the_stream_open() -> None:
@@ -269,8 +275,13 @@ def test_error_classes_map_to_wire_codes(exc: BaseException, code: ErrorCode) ->
 
 
 def test_connection_level_close_codes() -> None:
-    """overloaded closes with 1013, internal with 1011."""
-    assert CLOSE_CODES == {ErrorCode.OVERLOADED: CloseCode.TRY_AGAIN_LATER, ErrorCode.INTERNAL: 1011}
+    """overloaded closes with 1013, idle_timeout 1000, too_many_errors 1008, internal 1011."""
+    assert CLOSE_CODES == {
+        ErrorCode.OVERLOADED: CloseCode.TRY_AGAIN_LATER,
+        ErrorCode.IDLE_TIMEOUT: 1000,
+        ErrorCode.TOO_MANY_ERRORS: 1008,
+        ErrorCode.INTERNAL: 1011,
+    }
 
 
 def test_error_message_shape() -> None:

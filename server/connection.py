@@ -1,0 +1,415 @@
+"""One client connection: a reader, a writer, a watchdog and one task per stream, in one task group.
+
+::
+
+    socket --reader--> ServerState (validate) --stream intake--> stream task: decode_tiles --+
+       ^                                                                                     |
+       +--writer-- outbox <------------------ audio / started / error / done ----------------+
+
+The reader never waits for a stream: it reads every frame as it arrives, so ping/pong (answered by the
+websocket layer while someone reads), ``cancel`` and ``end`` are seen at once even when a stream is far
+behind. A producer faster than decoding is held back by ``max_buffered_frames`` (advertised in
+``ready``): frames wait in the stream's intake until the decoder takes them, the reference client sends
+no further ahead than that, and a message past it ends that stream with ``backlog_full``.
+
+Backpressure towards the listener: a listener that stops reading blocks the writer in ``send``; the
+outbox fills; stream tasks stop taking tiles, so ``decode_tiles`` stops pulling latents. A send that makes
+no progress for ``send_timeout`` ends the connection with 1013. Control messages (``started``, ``error``,
+``done``) never wait for room in the outbox, so the reader is never blocked by a slow listener either;
+there are at most ``max_streams`` of them plus the error budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import torch
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+
+from streamdec.errors import NonFiniteOutputError, ProtocolError
+from streamdec.protocol import (
+    CLOSE_CODES,
+    STREAM_ENDING_CODES,
+    Cancel,
+    ErrorCode,
+    ErrorMessage,
+    ServerControl,
+    ServerState,
+    Start,
+    encode_text,
+    error_code_for,
+)
+
+from .guards import ErrorBudget
+
+if TYPE_CHECKING:
+    from .app import StreamServer
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("streamdec.server")
+
+Status = Literal["completed", "cancelled", "error"]
+
+
+class _CloseWith(Exception):
+    """Ends the connection: send an ``error`` with ``code`` (stream null), then its close code."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _GoingAway:
+    """Outbox sentinel: everything before it was sent; close with 1001 now."""
+
+
+class _Outbox:
+    """The connection's outgoing queue: audio waits for room (``limit``), control messages never do."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: deque[Any] = deque()
+        self._changed = anyio.Event()
+        self.closed = False
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def put_audio(self, data: bytes) -> None:
+        while len(self._items) >= self.limit and not self.closed:
+            await self._changed.wait()
+        self.put_control(data)
+
+    def put_control(self, item: Any) -> None:
+        if self.closed:
+            raise anyio.ClosedResourceError
+        self._items.append(item)
+        self._notify()
+
+    async def get(self) -> Any:
+        while not self._items:
+            await self._changed.wait()
+        item = self._items.popleft()
+        self._notify()
+        return item
+
+    def close(self) -> None:
+        self.closed = True
+        self._notify()
+
+
+class _Intake:
+    """A stream's latents between the reader and ``decode_tiles``; tells ServerState what was taken.
+
+    Unbounded as a queue because ServerState bounds it in frames (``max_buffered_frames``): the reader
+    must never wait here.
+    """
+
+    def __init__(self, state: ServerState, stream: int) -> None:
+        self._in: MemoryObjectSendStream[torch.Tensor]
+        self._out: MemoryObjectReceiveStream[torch.Tensor]
+        self._in, self._out = anyio.create_memory_object_stream[torch.Tensor](math.inf)
+        self._state, self._stream = state, stream
+
+    def put(self, latents: torch.Tensor) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._in.send_nowait(latents)  # a stream that ended meanwhile: its done tells the client
+
+    def end(self) -> None:
+        self._in.close()
+
+    def close(self) -> None:
+        self._in.close()
+        self._out.close()
+
+    def __aiter__(self) -> _Intake:
+        return self
+
+    async def __anext__(self) -> torch.Tensor:
+        try:
+            latents = await self._out.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        self._state.consumed(self._stream, int(latents.shape[0]))
+        return latents
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One wire stream: its intake and the scope its decoding runs in."""
+
+    id: int
+    intake: _Intake
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    stop_status: Status | None = None  # set by cancel, a protocol error in this stream, or shutdown
+    failure: BaseException | None = None
+    first_latent_at: float | None = None
+    audio_sent: bool = False
+    reported: bool = False  # its done was queued (else, at teardown, it counts as lost)
+
+    def stop(self, status: Status, failure: BaseException | None = None) -> None:
+        """End the decode now: cancelling the scope withdraws whatever of it waits for the engine."""
+        if self.stop_status is None:
+            self.stop_status, self.failure = status, failure
+        self.intake.end()
+        self.scope.cancel()
+
+
+class Connection:
+    """One client: reader, writer, watchdog and stream tasks around a sans-I/O :class:`ServerState`."""
+
+    def __init__(self, server: StreamServer, ws: ServerConnection) -> None:
+        self.server = server
+        self.ws = ws
+        self.config = server.config
+        self.state = ServerState(server.codec, server.limits, accepting_streams=not server.shutting_down)
+        self.streams: dict[int, _Stream] = {}
+        self.outbox = _Outbox(self.config.outbox)
+        self.budget = ErrorBudget(self.config.error_budget, self.config.error_refill)
+        self.last_activity = time.monotonic()
+        self._tg: TaskGroup | None = None
+        self._fatal: _CloseWith | None = None  # set when the connection must close with an error
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._guarded, self._writer)
+            tg.start_soon(self._guarded, self._watchdog)
+            self.outbox.put_control(self.state.ready())
+            await self._guarded(self._reader)
+            tg.cancel_scope.cancel()  # the socket closed or failed: drop every stream
+        self.outbox.close()
+        for stream in list(self.streams.values()):  # cancelled before its first step: never reported
+            stream.intake.close()
+            self._lost(stream)
+        if self._fatal is not None:
+            await self._close_with(self._fatal.code, str(self._fatal))
+
+    async def _guarded(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Run a connection task; any way it fails ends the connection (and frees every stream)."""
+        try:
+            await task()
+        except ConnectionClosed:
+            pass  # the peer went away while we were sending
+        except _CloseWith as exc:
+            self._fatal = self._fatal or exc
+        except Exception:
+            log.exception("connection handler failed")
+            self._fatal = self._fatal or _CloseWith(ErrorCode.INTERNAL, "internal server error")
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+
+    async def _close_with(self, code: ErrorCode, message: str) -> None:
+        """Send a connection-level error and its close code, even to a listener that stopped reading.
+
+        The error and the close frame queue behind the audio the listener has not read yet; if it never
+        reads them within ``close_timeout``, the TCP connection is aborted.
+        """
+        self.server.metrics.errors[code.value] += 1
+        text = encode_text(ErrorMessage(code, message))
+        with anyio.move_on_after(self.config.close_timeout):
+            async with anyio.create_task_group() as tg:
+                # Started in this order, each writes its frame before its first wait, so error precedes close.
+                tg.start_soon(self._send_quietly, text)
+                tg.start_soon(self.ws.close, CLOSE_CODES[code], message[:120])
+                tg.start_soon(self._discard_incoming)  # the peer's close reply must not wait behind latents
+        if self.ws.state is not State.CLOSED:
+            self.ws.transport.abort()
+
+    async def _discard_incoming(self) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for _ in self.ws:
+                pass
+
+    async def _send_quietly(self, message: str) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await self.ws.send(message)
+
+    async def drain(self) -> None:
+        """Shutdown, first part: take no new streams and wait until the open ones are done."""
+        self.state.accepting_streams = False
+        while self.streams:
+            await anyio.sleep(0.01)  # shutdown only; polling keeps the stream bookkeeping free of events
+
+    def cut_streams(self, why: str) -> None:
+        """Shutdown at grace end: every stream still running ends with ``shutting_down`` and ``done``."""
+        for stream in list(self.streams.values()):
+            stream.stop("error", ProtocolError(ErrorCode.SHUTTING_DOWN.value, why, stream=stream.id))
+
+    async def close_going_away(self) -> None:
+        """Shutdown, last part: once every stream reported, flush the outbox, then close with 1001."""
+        while self.streams:
+            await anyio.sleep(0.01)
+        with contextlib.suppress(anyio.ClosedResourceError):
+            self.outbox.put_control(_GoingAway())
+        await self.ws.wait_closed()
+
+    # -- outbound ----------------------------------------------------------------------------------
+    def _control(self, msg: ServerControl) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError):  # the connection is ending anyway
+            self.outbox.put_control(msg)
+
+    async def _writer(self) -> None:
+        """Sends the outbox in order; a send with no progress for ``send_timeout`` means overloaded."""
+        timeout, metrics = self.config.send_timeout, self.server.metrics
+        while True:
+            item = await self.outbox.get()
+            if isinstance(item, _GoingAway):
+                await self.ws.close(1001, "server shutting down")
+                return
+            data = item if isinstance(item, bytes) else encode_text(item)
+            with anyio.move_on_after(timeout) as scope:
+                await self.ws.send(data)
+            if scope.cancelled_caught:
+                raise _CloseWith(
+                    ErrorCode.OVERLOADED, f"listener too slow: nothing was read for {timeout:g} s"
+                )
+            metrics.bytes_out += len(data)
+
+    def _error(self, exc: BaseException, stream: int | None, retry_after_ms: int | None = None) -> None:
+        code = error_code_for(exc)
+        self.server.metrics.errors[code.value] += 1
+        self._control(ErrorMessage(code, str(exc), stream, retry_after_ms))
+
+    async def _watchdog(self) -> None:
+        """Closes a connection that has had no open stream and sent nothing for ``idle_timeout``."""
+        idle = self.config.idle_timeout
+        if idle is None:
+            await anyio.sleep_forever()
+            return
+        while True:
+            await anyio.sleep(max(self.last_activity + idle - time.monotonic(), 0.01))
+            if self.streams:
+                self.last_activity = time.monotonic()  # an open stream is never idle
+            elif time.monotonic() - self.last_activity >= idle:
+                raise _CloseWith(ErrorCode.IDLE_TIMEOUT, f"no stream and no message for {idle:g} s")
+
+    # -- inbound -----------------------------------------------------------------------------------
+    async def _reader(self) -> None:
+        async for message in self.ws:  # ends on a normal close; raises ConnectionClosedError otherwise
+            self.last_activity = time.monotonic()
+            self.server.metrics.bytes_in += len(message)
+            try:
+                if isinstance(message, str):
+                    self._on_text(message)
+                else:
+                    self._on_latents(message)
+            except ProtocolError as exc:
+                self._on_protocol_error(exc)
+
+    def _on_protocol_error(self, exc: ProtocolError, retry_after_ms: int | None = None) -> None:
+        stream = self.streams.get(exc.stream) if exc.stream is not None else None
+        if stream is not None and exc.code in STREAM_ENDING_CODES:
+            stream.stop("error", exc)  # its task reports the error after the audio already queued
+        else:
+            self._error(exc, exc.stream, retry_after_ms)
+        if not self.budget.spend(time.monotonic()):
+            raise _CloseWith(
+                ErrorCode.TOO_MANY_ERRORS,
+                f"more than {self.budget.budget} rejected messages (recovering {self.budget.refill:g}/s); "
+                "fix the client",
+            )
+
+    def _on_text(self, text: str) -> None:
+        msg = self.state.receive_text(text)
+        if isinstance(msg, Start):
+            self._start(msg)
+            return
+        stream = self.streams[msg.stream]
+        if isinstance(msg, Cancel):
+            stream.stop("cancelled")
+        else:
+            stream.intake.end()  # end: decode the rest, then done
+
+    def _start(self, msg: Start) -> None:
+        refusal = self.server.admission_check()
+        if refusal is not None:
+            self.state.discard(msg.stream)
+            self.server.metrics.refused += 1
+            self._on_protocol_error(
+                ProtocolError(ErrorCode.OVER_CAPACITY.value, refusal.reason, stream=msg.stream),
+                refusal.retry_after_ms,
+            )
+            return
+        stream = _Stream(msg.stream, _Intake(self.state, msg.stream))
+        self.streams[msg.stream] = stream
+        self._control(self.state.started(msg.stream))
+        assert self._tg is not None
+        self._tg.start_soon(self._run_stream, stream)
+
+    def _on_latents(self, data: bytes) -> None:
+        msg = self.state.receive_binary(data)
+        stream = self.streams[msg.stream]
+        if stream.first_latent_at is None:
+            stream.first_latent_at = time.monotonic()
+        if msg.latents.shape[0] > 0:  # an empty message only advances seq
+            stream.intake.put(msg.latents)
+
+    # -- one stream --------------------------------------------------------------------------------
+    async def _run_stream(self, stream: _Stream) -> None:
+        try:
+            status, failure = await self._decode(stream)
+            if failure is not None:
+                if error_code_for(failure) is ErrorCode.INTERNAL:
+                    log.error("stream %d failed", stream.id, exc_info=failure)
+                self._error(failure, stream.id)
+            self.server.metrics.streams[status] += 1
+            stream.reported = True
+            self._control(self.state.done(stream.id, status))
+        finally:  # also when the connection is torn down around it; the id may already be reused
+            self._lost(stream)
+
+    def _lost(self, stream: _Stream) -> None:
+        """Forget ``stream``; one that never reported its done counts as ``lost`` (connection gone)."""
+        if not stream.reported:
+            stream.reported = True
+            self.server.metrics.streams["lost"] += 1
+        if self.streams.get(stream.id) is stream:
+            del self.streams[stream.id]
+            self.last_activity = time.monotonic()
+
+    async def _decode(self, stream: _Stream) -> tuple[Status, BaseException | None]:
+        """Decode one stream into the outbox; returns its done status and the error that ended it."""
+        failure: BaseException | None = None
+        with contextlib.ExitStack() as stack:
+            stack.callback(stream.intake.close)  # the intake closes with the stream, always
+            stack.enter_context(stream.scope)
+            try:
+                async with self.server.decoder.decode_tiles(stream.intake, allow_non_finite=False) as tiles:
+                    async for tile in tiles:
+                        await self._send_audio(stream, tile.samples)
+            except Exception as exc:  # bad input or engine failure: this stream only
+                failure = exc
+                self.state.close_input(stream.id)
+        status: Status = stream.stop_status or ("error" if failure else "completed")
+        return status, stream.failure or failure
+
+    async def _send_audio(self, stream: _Stream, samples: torch.Tensor) -> None:
+        if not bool(torch.isfinite(samples).all()):
+            # Finite latents that overflow inside the codec: NaN on the wire would play as silence or
+            # noise with no word; s16 would silently be zeros. The library's typed error, when the engine
+            # raises it first, takes the same path.
+            raise NonFiniteOutputError(
+                f"stream {stream.id}: the decoder produced NaN or Inf audio from finite latents (values "
+                "too large for the codec?); nothing of this tile was sent"
+            )
+        if not stream.audio_sent and stream.first_latent_at is not None:
+            self.server.metrics.ttfa.observe(time.monotonic() - stream.first_latent_at)
+        stream.audio_sent = True
+        self.server.metrics.audio_samples += int(samples.shape[1])
+        await self.outbox.put_audio(self.state.audio(stream.id, samples))
