@@ -21,6 +21,7 @@ from streamdec.errors import (
 )
 
 FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
+pytestmark = pytest.mark.timeout(900)
 _CODECS: dict[str, streamdec.Codec] = {}
 
 
