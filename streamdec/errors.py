@@ -12,6 +12,7 @@
     │   ├── NonFiniteError     NaN or Inf in a chunk (rejected unless allowed)
     │   └── StreamEndedError   a chunk fed after the stream ended
     ├── NonFiniteOutputError   finite latents the codec decoded into NaN or Inf audio (nothing is sent)
+    ├── ConcurrentIterationError  two tasks iterating one ``decode_tiles`` stream
     ├── EngineError            the decode engine failed or was used after it closed
     │   ├── EngineClosedError  submit after ``aclose()``
     │   ├── CaptureFrozenError a new graph capture was needed after ``freeze()``
@@ -29,6 +30,7 @@ __all__ = [
     "CaptureFrozenError",
     "CheckpointError",
     "CodecError",
+    "ConcurrentIterationError",
     "ConfigError",
     "DTypeError",
     "EngineClosedError",
@@ -97,6 +99,10 @@ class EngineClosedError(EngineError):
 
 class CaptureFrozenError(EngineError):
     """A new CUDA graph capture was needed after the engine was frozen."""
+
+
+class ConcurrentIterationError(StreamdecError, RuntimeError):
+    """A second task iterating a stream that another task is already iterating."""
 
 
 class TooManyStreamsError(EngineError):

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .errors import ConfigError, DTypeError, NonFiniteError, ShapeError, StreamEndedError
+from .errors import ConfigError, DTypeError, InputError, NonFiniteError, ShapeError, StreamEndedError
 from .planning import StreamPlanner, Window
 
 __all__ = ["Job", "StatefulSession", "StepJob", "StepPolicy", "StreamSession", "Tile", "as_latents"]
@@ -65,6 +65,11 @@ def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -
             )
     else:
         raise DTypeError(f"latent chunk is a {type(chunk).__name__}: expected a numpy array or torch tensor")
+    if tensor.device.type == "meta":
+        raise InputError(
+            f"latent chunk of shape {tuple(tensor.shape)} is on the meta device and holds no data: "
+            "materialise it (e.g. on 'cpu') before streaming"
+        )
     if tensor.dim() == 3 and tensor.shape[0] == 1:
         tensor = tensor[0]
     if tensor.dim() != 2 or tensor.shape[1] != latent_dim:

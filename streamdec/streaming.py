@@ -27,13 +27,15 @@ import torch
 from .codecs import Codec
 from .codecs.stateful import StatefulNet, supports_stateful
 from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
-from .errors import ConfigError, EngineClosedError, ShapeError
+from .errors import ConcurrentIterationError, ConfigError, EngineClosedError, NonFiniteOutputError, ShapeError
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
 from .session import Job, StatefulSession, StepJob, StepPolicy, StreamSession, Tile, as_latents
 
 Mode = Literal["stateful", "halo"]
 #: stateful stream slots a decoder allocates when ``max_streams`` is not given
 DEFAULT_MAX_STREAMS = 64
+#: weight of the newest decode time in a stream's moving average of its submit-to-result time
+DECODE_TIME_SMOOTHING = 0.3
 #: how long before a listener would run dry its ready frames are flushed, beyond the recent decode time:
 #: the trip to the listener, event-loop lag included (10 ms under-ran at 60 streams on a loaded host)
 FLUSH_MARGIN_S = 0.04
@@ -289,6 +291,7 @@ class TileStream(AsyncIterator[Tile]):
         self.session = session
         self.stream_id = stream_id
         self.slot = slot  # the engine's state slot of a stateful stream, given back when the stream ends
+        self._busy = False  # an __anext__ is running: a second consumer is refused
         self._source: AsyncIterator[Any] | Iterator[Any] = (
             aiter(chunks) if isinstance(chunks, AsyncIterable) else iter(chunks)
         )
@@ -312,6 +315,12 @@ class TileStream(AsyncIterator[Tile]):
     async def __anext__(self) -> Tile:
         if self._closed:
             raise StopAsyncIteration
+        if self._busy:
+            raise ConcurrentIterationError(
+                f"stream {self.stream_id} is already being iterated by another task: one consumer per "
+                "decode_tiles() stream (fan the tiles out yourself if several need them)"
+            )
+        self._busy = True
         try:
             job = await self._next_job()
             if job is None:
@@ -320,7 +329,11 @@ class TileStream(AsyncIterator[Tile]):
             began = time.monotonic()
             audio = await self._decode(job)
             elapsed = time.monotonic() - began
-            self._decode_s = elapsed if self._decode_s == 0.0 else 0.7 * self._decode_s + 0.3 * elapsed
+            weight = DECODE_TIME_SMOOTHING
+            self._decode_s = (
+                elapsed if self._decode_s == 0.0 else (1 - weight) * self._decode_s + weight * elapsed
+            )
+            self._check_output(job, audio)
             tile = self._complete(job, audio)
         except StopAsyncIteration:
             raise
@@ -328,6 +341,8 @@ class TileStream(AsyncIterator[Tile]):
             # Bad input, engine failure or cancellation: the stream is over and its slot is freed.
             await self.aclose()
             raise
+        finally:
+            self._busy = False
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
         self.decoder._stats.tiles += 1
@@ -389,6 +404,19 @@ class TileStream(AsyncIterator[Tile]):
         pending, self._pending = self._pending, None
         return pending.result()
 
+    def _check_output(self, job: Job | StepJob, audio: torch.Tensor) -> None:
+        if self.session.allow_non_finite or np.isfinite(audio.numpy().sum(dtype=np.float64)):
+            return
+        start, end = (
+            (job.window.emit_start, job.window.emit_end)
+            if isinstance(job, Job)
+            else (job.emit_start, job.emit_end)
+        )
+        raise NonFiniteOutputError(
+            f"decoded audio of frames {start}..{end} holds NaN or Inf although the latents "
+            "were finite: they overflow inside the codec; rescale the latents to the codec's range"
+        )
+
     def _complete(self, job: Job | StepJob, audio: torch.Tensor) -> Tile:
         if isinstance(self.session, StatefulSession):
             assert isinstance(job, StepJob)
@@ -425,6 +453,12 @@ class TileStream(AsyncIterator[Tile]):
         codec = self.decoder.codec
         played = self.session.completed_frames * codec.hop_size / codec.sample_rate
         return self.first_audio_at + self.decoder.listener_prebuffer + played
+
+    def __del__(self) -> None:
+        # An iterator dropped without aclose() (a `break` outside `async with`) still gives back its slot
+        # and count; its source is closed by the garbage collector's own finalizers.
+        if not getattr(self, "_closed", True):
+            self._free()
 
     def _free(self) -> None:
         if not self._closed:

@@ -11,9 +11,11 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from ..codecs import Codec
+from ..errors import ConfigError
 from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .core import DecodeEngine
 
@@ -36,4 +38,8 @@ def create_engine(codec: Codec, **options: Any) -> Engine:
     """
     if options.pop("eager", False):
         options["graphs"] = False
+    known = set(inspect.signature(DecodeEngine).parameters) - {"codec"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"unknown engine option(s) {unknown}: the engine takes {sorted(known)} (and eager)")
     return DecodeEngine(codec, **options)

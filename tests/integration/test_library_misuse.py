@@ -1,0 +1,91 @@
+"""Library misuse ends in typed errors and leaks nothing, in both decode modes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+import torch
+
+import streamdec
+from streamdec.errors import ConcurrentIterationError, ConfigError, InputError, NonFiniteOutputError
+
+MODES = ["stateful", "halo"]
+
+
+@pytest.fixture(scope="module")
+def codec() -> streamdec.Codec:
+    return streamdec.load_codec("tiny")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_break_without_async_with_frees_the_stream(codec: streamdec.Codec, mode: str) -> None:
+    """Breaking out of `async for` on a bare decode_tiles() gives back its count (and slot) once dropped."""
+
+    async def run() -> None:
+        async with streamdec.StreamDecoder(codec, mode=mode, min_emit=1) as dec:  # type: ignore[arg-type]
+            async for _tile in dec.decode_tiles([torch.randn(40, 64)]):
+                break
+            gc.collect()
+            assert dec.stats.open_streams == 0
+            if mode == "stateful":
+                assert dec.engine.open_slots == 0  # type: ignore[attr-defined]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_consumers_of_one_stream_are_refused(codec: streamdec.Codec, mode: str) -> None:
+    """A second task iterating the same stream gets ConcurrentIterationError, the first keeps going."""
+
+    async def slow() -> object:
+        yield torch.randn(12, 64)
+        await asyncio.sleep(0.2)
+        yield torch.randn(12, 64)
+
+    async def run() -> None:
+        async with streamdec.StreamDecoder(codec, mode=mode) as dec:  # type: ignore[arg-type]
+            tiles = dec.decode_tiles(slow())
+            async with tiles:
+                first = asyncio.ensure_future(anext(tiles))
+                await asyncio.sleep(0.05)
+                with pytest.raises(ConcurrentIterationError, match="one consumer"):
+                    await anext(tiles)
+                await first
+
+    asyncio.run(run())
+
+
+def test_unknown_engine_option_is_a_config_error(codec: streamdec.Codec) -> None:
+    """A misspelt option names itself and the options that exist."""
+    with pytest.raises(ConfigError, match="max_batchh"):
+        streamdec.StreamDecoder(codec, max_batchh=4)
+
+
+def test_meta_device_chunk_is_an_input_error(codec: streamdec.Codec) -> None:
+    """A chunk on the meta device (no data) is refused with a typed error, not NotImplementedError."""
+
+    async def run() -> None:
+        async with streamdec.StreamDecoder(codec) as dec:
+            with pytest.raises(InputError, match="meta device"):
+                async for _ in dec.decode_tiles([torch.empty(8, 64, device="meta")]):
+                    pass
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_finite_latents_that_overflow_give_a_typed_error(codec: streamdec.Codec, mode: str) -> None:
+    """Latents of +-3e38 are finite but overflow inside the codec: NonFiniteOutputError, not NaN audio."""
+    huge = torch.full((30, 64), 3e38)
+    huge[::2] *= -1
+
+    async def run() -> None:
+        async with streamdec.StreamDecoder(codec, mode=mode) as dec:  # type: ignore[arg-type]
+            with pytest.raises(NonFiniteOutputError, match="NaN or Inf"):
+                async for _ in dec.decode_tiles([huge]):
+                    pass
+            assert dec.stats.open_streams == 0
+
+    asyncio.run(run())
