@@ -55,8 +55,8 @@ from .slots import SlotAllocator, StatePool
 
 __all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAME_BUDGET", "DecodeEngine"]
 
-#: how long before its deadline queued work is dispatched however few rows it fills: a replay at the
-#: largest bucket, one replay queued ahead of it, and the trip to the listener fit in 40 ms on an H200
+#: how long before its deadline queued work is dispatched however few rows it fills, besides two replays
+#: of its largest bucket: the trip to the listener and the event loop's lag
 DEFAULT_HOLD_LEAD_S = 0.04
 #: stateful primes and flushes happen once per stream: small buckets keep graph count and memory down
 DEFAULT_EDGE_BATCH_LIMIT = 16
@@ -84,9 +84,9 @@ class DecodeEngine(Engine):
     * ``cpu_threads`` - PyTorch intra-op threads while the engine runs (default: cores - 1 on a CPU, 1 on
       a GPU, where the host only copies and converts).
     * ``hold_lead`` - while a replay is in flight, work whose deadline is further away than this
-      (seconds) waits for more work to share its replay, until its bucket is full (default 0.04; None:
-      dispatch at once). An idle device never waits; whole-clip windows and stateful primes are due at
-      once.
+      (seconds) plus two measured replays of its largest bucket waits for more work to share its
+      replay, until that bucket is full (default 0.04; None: dispatch at once). An idle device never
+      waits; whole-clip windows and stateful primes are due at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
@@ -358,6 +358,13 @@ class DecodeEngine(Engine):
         if not 0 <= request.slot < self.max_streams:
             raise ConfigError(f"slot {request.slot} is outside 0..{self.max_streams - 1}")
 
+    def _lead(self, key: BucketKey) -> float:
+        """How long before its deadline work of ``key``'s group must be dispatched: ``hold_lead`` plus
+        two replays of its largest bucket (one may be in flight ahead of it), where they were measured."""
+        measured_ms = self._measured.get(key)
+        assert self.hold_lead is not None
+        return self.hold_lead + (2e-3 * measured_ms if measured_ms is not None else 0.0)
+
     def _cost(self, key: BucketKey) -> float:
         measured = self._measured.get(key)
         return measured if measured is not None else self._default_cost(key)
@@ -386,9 +393,8 @@ class DecodeEngine(Engine):
                 if self._inflight < self.max_inflight and self._scheduler.pending:
                     # While a replay is in flight the device is busy anyway: let the next batch fill up
                     # until its deadline nears. An idle device takes whatever is queued at once.
-                    lead = self.hold_lead
-                    busy = self._inflight > 0 and lead is not None
-                    wait = self._scheduler.hold(time.monotonic(), lead) if busy and lead is not None else None
+                    busy = self._inflight > 0 and self.hold_lead is not None
+                    wait = self._scheduler.hold(time.monotonic(), self._lead) if busy else None
                     if wait is not None:
                         self._cond.wait(timeout=wait)
                         continue

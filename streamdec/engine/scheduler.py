@@ -198,20 +198,24 @@ class Scheduler(Generic[T]):
             limit = min(limit, self.frame_budget // max(frames, 1))
         return tuple(b for b in self.batch_buckets if b <= limit) or self.batch_buckets[:1]
 
-    def hold(self, now: float, lead: float) -> float | None:
+    def hold(self, now: float, lead: float | Callable[[BucketKey], float]) -> float | None:
         """Seconds to wait before popping so that more work joins the next batch, or None: pop now.
 
         The most urgent group goes out at once when it fills its largest bucket or its earliest deadline
-        is within ``lead`` seconds; until then waiting costs no listener anything and every arrival makes
+        is within ``lead`` seconds (a number, or a function of the group's largest bucket: its replay
+        time belongs in the lead); until then waiting costs no listener anything and every arrival makes
         the next replay fuller (real-time streams all push a step per chunk period).
         """
         group = self._most_urgent_group()
         if group is None:
             return None
+        kind, frames = group
+        largest = self.buckets_for(kind, frames)[-1]
+        ahead = lead(BucketKey(largest, frames, kind)) if callable(lead) else lead
         deadline = self._groups[group][0][0]
-        if self._live[group] >= self.buckets_for(*group)[-1] or deadline - lead <= now:
+        if self._live[group] >= largest or deadline - ahead <= now:
             return None
-        return deadline - lead - now
+        return deadline - ahead - now
 
     def drain(self) -> list[T]:
         """Remove and return every live payload (engine shutdown)."""
