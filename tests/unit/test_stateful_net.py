@@ -115,7 +115,7 @@ def test_step_policy_shapes_and_validation() -> None:
         pytest.param([5], [("whole", 5)], id="too-short-to-prime"),
         pytest.param([11], [("prime", 11), ("flush", 0)], id="prime-then-flush"),
         pytest.param([11, 4, 3], [("prime", 11), ("step", 4), ("step", 2), ("flush", 1)], id="remainder"),
-        pytest.param([12, 4], [("prime", 11), ("step", 1), ("flush", 4)], id="flush-takes-last-chunk"),
+        pytest.param([12, 4], [("prime", 11), ("step", 4), ("flush", 1)], id="flush-takes-the-rest"),
     ],
 )
 def test_session_plans_calls(chunks: list[int], calls: list[tuple[str, int]]) -> None:
