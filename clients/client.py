@@ -32,12 +32,13 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from streamdec.errors import ServerError
+from streamdec.errors import ServerError, ShapeError
 from streamdec.protocol import (
     DEFAULT_DTYPE,
     DEFAULT_FORMAT,
     LATENT_DTYPES,
     SAMPLE_FORMATS,
+    STREAM_ENDING_CODES,
     CodecInfo,
     Limits,
     decode_audio_samples,
@@ -51,6 +52,7 @@ __all__ = ["AudioFrame", "ClientStream", "Connection", "connect"]
 #: audio messages are one tile each; this bounds a tile at 16 Mi samples of float32
 DEFAULT_MAX_SIZE = 64 * 2**20
 _QUEUE = 64  # messages buffered per stream before the reading task waits
+_ENDING_CODES = frozenset(code.value for code in STREAM_ENDING_CODES)
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,7 +83,12 @@ class ClientStream:
         self.errors: list[ServerError] = []  # every error message the server sent about this stream
 
     async def send(self, latents: torch.Tensor | np.ndarray) -> None:
-        """Send ``[T, latent_dim]`` latents, as many messages as ``max_frames_per_message`` requires."""
+        """Send ``[T, latent_dim]`` latents, as many messages as ``max_frames_per_message`` requires.
+
+        Raises :class:`~streamdec.errors.ShapeError` before sending when the shape does not fit the
+        server's codec (its ``latent_dim`` from ``ready``).
+        """
+        _check_latent_dim(latents, self.conn.codec)
         step = self.conn.limits.max_frames_per_message
         for begin in range(0, max(len(latents), 1), step):
             await self.conn.ws.send(
@@ -97,6 +104,12 @@ class ClientStream:
         """Stop now: the server drops what is pending and sends ``done`` with status ``cancelled``."""
         await self.conn.send_json({"type": "cancel", "stream": self.id})
 
+    def _cause(self) -> ServerError:
+        """The error that ended the stream: the first stream-ending one. Latents still in flight when the
+        stream ended draw unknown_stream errors that can arrive before it; they are echoes, not the cause."""
+        ending = [e for e in self.errors if e.code in _ENDING_CODES]
+        return (ending or self.errors or [ServerError("internal", "stream failed", stream=self.id)])[0]
+
     def __aiter__(self) -> AsyncIterator[AudioFrame]:
         return self._frames()
 
@@ -106,11 +119,7 @@ class ClientStream:
             if isinstance(item, dict):  # done
                 self.done = item
                 if item["status"] == "error":
-                    raise (
-                        self.errors[-1]
-                        if self.errors
-                        else ServerError("internal", "stream failed", stream=self.id)
-                    )
+                    raise self._cause()
                 return
             samples = decode_audio_samples(item, self.format, channels)
             if item.start_sample != self._expected_sample:
@@ -221,6 +230,15 @@ class Connection:
             handle._in.close()
 
 
+def _check_latent_dim(latents: torch.Tensor | np.ndarray, codec: CodecInfo) -> None:
+    shape = tuple(latents.shape)
+    if len(shape) != 2 or shape[1] != codec.latent_dim:
+        raise ShapeError(
+            f"latents of shape {shape}: the server's codec {codec.name!r} takes [frames, {codec.latent_dim}]; "
+            "send the latents of the model this codec belongs to"
+        )
+
+
 def _json(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
@@ -251,12 +269,17 @@ async def connect(
             raise ServerError("bad_message", f"expected ready for protocol 1, got {first!r:.200}")
         conn = Connection(ws, first)
         tg: TaskGroup
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(conn._dispatch)
             try:
                 yield conn
+            except Exception as exc:  # re-raised below, outside the task group: not in an ExceptionGroup
+                failure = exc
             finally:
                 tg.cancel_scope.cancel()
                 for handle in conn._handles:
                     handle._in.close()
                     handle._out.close()
+        if failure is not None:
+            raise failure
