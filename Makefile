@@ -64,11 +64,11 @@ test-gpu-slow:
 	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -m "cuda and slow" tests
 
 bench-cpu: $(STAMP)
-	$(PY) scripts/bench_cpu.py --out bench/results
+	$(PY) scripts/bench_cpu.py --out bench/results/cpu
 
 # The full benchmark (tile sweep, baselines, concurrency, plots); on a GPU host: streamdec bench --device cuda
 bench: $(STAMP)
-	$(VENV)/bin/streamdec bench --device cpu --threads 1 --max-point-s 20 --out bench/results
+	$(VENV)/bin/streamdec bench --device cpu --threads 1 --max-point-s 20 --out bench/results/cpu --name bench
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -2,7 +2,7 @@
 
 Example (what produced the committed CPU results)::
 
-    streamdec bench --device cpu --threads 1 --out bench/results
+    streamdec bench --device cpu --threads 1 --max-point-s 20 --out bench/results/cpu --name bench
 """
 
 from __future__ import annotations

@@ -10,14 +10,13 @@ Math (one row ``x[0..T)`` of ``[B*C, T]``, taps ``f[0..12)``, clamp ``c(i) = min
 * ``out[t] = sum_j f[11-2j] * S(2(t-j)) + sum_r f[2r] * S(2(t-6+r)+1)``, ``j, r = 0..5``.
 
 Two kernels compute exactly this (a first ``direct`` version, v1, was dropped: it missed the 1e-5
-bound on one H200 draw, 1.14e-5, and was no faster) (timings and history in ``docs/kernels.md``):
+bound on one H200 draw, 1.14e-5, and was no faster) (design and measurements in ``docs/kernels.md``):
 
 * ``staged`` (v2): a persistent grid; each program computes ``S`` once for a tile (two phases), parks it
   in a private scratch slot in global memory, and after a barrier reads it back at the 12 shifted
   offsets. Measured no faster than v1 on an H200.
 * ``blocked`` (v3, the default): each lane owns 8 consecutive outputs and evaluates the 26 samples of
-  ``S`` they need once (3.25 SnakeBetas per output), no scratch and no barrier. 2.6x faster than v2 over
-  auk-24k's activations on an H200.
+  ``S`` they need once (3.25 SnakeBetas per output), no scratch and no barrier; the faster of the two.
 
 ``sin`` is evaluated as ``sin(r)`` with ``r = z - k*pi`` (``sin^2`` has period ``pi``) by an odd Taylor
 polynomial to ``r^13`` on ``|r| <= pi/2``: error under 1e-9 before rounding, FMA only, identical under
