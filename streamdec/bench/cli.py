@@ -42,7 +42,10 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamdec bench`` arguments; unset ones take the device's defaults (BenchConfig.for_device)."""
     d = BenchConfig()
     a = parser.add_argument
-    a("--codec", help="preset or checkpoint (default: auk-24k on CUDA, tiny on the CPU)")
+    from ..codecs.registry import PRESETS
+
+    a("--codec", help=f"a preset ({', '.join(sorted(PRESETS))}) or a checkpoint path "
+      "(default: auk-24k on CUDA, tiny on the CPU)")  # fmt: skip
     a("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     a("--dtype", default=d.dtype, choices=("float32", "float16", "bfloat16"))
     a(
@@ -111,7 +114,8 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     a(
         "--budget-s",
         type=float,
-        help="soft wall-clock budget: later points and sections are skipped (and listed)",
+        help="wall-clock budget: the default sweep shrinks to fit it, and points that still do not fit are "
+        "skipped and listed (never an error)",
     )
     a(
         "--compile-estimate-s",
