@@ -74,7 +74,8 @@ async def library_demo(source: Source, out: Path) -> None:
     frame_rate = codec.sample_rate / codec.hop_size
     async with streamdec.StreamDecoder(codec, min_emit=MIN_EMIT, max_emit=MAX_EMIT) as dec:
         report = await dec.warmup()
-        print(f"warm-up: {report.seconds:.2f} s for window sizes {dec.window_sizes} (not counted below)")
+        mode = getattr(dec, "mode", "halo")  # halo windows, or per-stream layer state where supported
+        print(f"warm-up: {report.seconds:.2f} s ({mode} decode mode; not counted below)")
         decoded_before = dec.stats.engine.decode_seconds
         playback = Playback(codec.sample_rate, PREBUFFER_S)
         began = time.monotonic()
