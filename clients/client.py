@@ -34,15 +34,17 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
-from streamdec.errors import ServerError
+from streamdec.errors import ServerError, ShapeError
 from streamdec.protocol import (
     DEFAULT_DTYPE,
     DEFAULT_FORMAT,
     LATENT_DTYPES,
     SAMPLE_FORMATS,
+    STREAM_ENDING_CODES,
     AudioMessage,
     Cancel,
     ClientControl,
+    CodecInfo,
     Done,
     End,
     ErrorMessage,
@@ -61,6 +63,7 @@ __all__ = ["AudioFrame", "ClientStream", "Connection", "connect"]
 
 #: audio messages are one tile each; this bounds a tile at 16 Mi samples of float32
 DEFAULT_MAX_SIZE = 64 * 2**20
+_ENDING_CODES = frozenset(code.value for code in STREAM_ENDING_CODES)
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,7 +113,10 @@ class ClientStream:
 
         Waits while the stream is ``max_buffered_frames`` frames ahead of the audio received (the server
         would refuse more with ``backlog_full``); the wait ends as audio arrives.
+        Raises :class:`~streamdec.errors.ShapeError` before sending when the shape does not fit the
+        server's codec (its ``latent_dim`` from ``ready``).
         """
+        _check_latent_dim(latents, self.conn.codec)
         step = self.conn.limits.max_frames_per_message
         for begin in range(0, max(len(latents), 1), step):
             chunk = latents[begin : begin + step]
@@ -142,6 +148,12 @@ class ClientStream:
         """Stop now: the server drops what is pending and sends ``done`` with status ``cancelled``."""
         await self.conn.send_control(Cancel(self.id))
 
+    def _cause(self) -> ServerError:
+        """The error that ended the stream: the first stream-ending one. Latents still in flight when the
+        stream ended draw unknown_stream errors that can arrive before it; they are echoes, not the cause."""
+        ending = [e for e in self.errors if e.code in _ENDING_CODES]
+        return (ending or self.errors or [ServerError("internal", "stream failed", stream=self.id)])[0]
+
     def __aiter__(self) -> AsyncIterator[AudioFrame]:
         return self._frames()
 
@@ -151,11 +163,7 @@ class ClientStream:
             if isinstance(item, Done):
                 self.done_message = item
                 if item.status == "error":
-                    raise (
-                        self.errors[-1]
-                        if self.errors
-                        else ServerError("internal", "stream failed", stream=self.id)
-                    )
+                    raise self._cause()
                 return
             samples = decode_audio_samples(item, self.format, channels)
             if item.start_sample != self._expected_sample:
@@ -266,6 +274,15 @@ class Connection:
             handle._finish()
 
 
+def _check_latent_dim(latents: torch.Tensor | np.ndarray, codec: CodecInfo) -> None:
+    shape = tuple(latents.shape)
+    if len(shape) != 2 or shape[1] != codec.latent_dim:
+        raise ShapeError(
+            f"latents of shape {shape}: the server's codec {codec.name!r} takes [frames, {codec.latent_dim}]; "
+            "send the latents of the model this codec belongs to"
+        )
+
+
 @contextlib.asynccontextmanager
 async def connect(
     url: str, *, token: str | None = None, max_size: int = DEFAULT_MAX_SIZE, **kwargs: Any
@@ -288,12 +305,17 @@ async def connect(
             raise ServerError("bad_message", f"expected ready first, got {first!r:.200}")
         conn = Connection(ws, first)
         tg: TaskGroup
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(conn._dispatch)
             try:
                 yield conn
+            except Exception as exc:  # re-raised below, outside the task group: not in an ExceptionGroup
+                failure = exc
             finally:
                 tg.cancel_scope.cancel()
                 for handle in conn._handles:
                     handle._in.close()
                     handle._out.close()
+        if failure is not None:
+            raise failure

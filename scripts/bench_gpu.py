@@ -3,7 +3,7 @@
 Run on a CUDA machine (not a test: nothing here asserts a time)::
 
     python scripts/bench_gpu.py --codec auk-24k --precision tf32x3 --windows 70 126 318 --batches 1 16 64 \
-        --out bench/results/h200-engine.json
+        --out bench/results/h200/decode.json
 
 Writes one JSON (rewritten after every measurement, so a run cut short still leaves its figures) with the
 command, device, torch version, commit, the FLOP/byte floor per frame and, per (batch, window): median

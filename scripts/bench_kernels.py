@@ -2,7 +2,7 @@
 
 Run on a CUDA machine (not a test: nothing here asserts a time)::
 
-    python scripts/bench_kernels.py --out bench/results/2026-11-30-h200-kernels.json
+    python scripts/bench_kernels.py --out bench/results/h200/kernels.json
 
 One run measures, with CUDA events after warm-up (median of reps):
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
-from typing import Any
+import socket
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from streamdec import settings
+from streamdec.cli_errors import UsageError
 from streamdec.protocol import STREAM_PATH, Limits
 from streamdec.streaming import DEFAULT_MAX_STEP, DEFAULT_MAX_STREAMS
 
 from .config import ServerConfig
+
+if TYPE_CHECKING:
+    from .app import StreamServer
 
 __all__ = ["configure_serve", "run_serve"]
 
@@ -120,7 +126,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
     ) as decoder:
         server = StreamServer(decoder, config)
-        await server.start()
+        await _start(server, config)
         report = await server.warmup()
         decoder.freeze()
         state = decoder.engine.state_memory_bytes()
@@ -132,3 +138,24 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
               f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
         await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))
     print("streamdec: stopped", flush=True)
+
+
+async def _start(server: StreamServer, config: ServerConfig) -> None:
+    """Start listening; a host or port that cannot be had is the user's to change, so say which."""
+    where = f"{config.host}:{config.port}"
+    try:
+        await server.start()
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {config.host}: not a known host name or address ({exc.strerror}); "
+                         "use 127.0.0.1, 0.0.0.0 or this machine's address") from exc  # fmt: skip
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(f"cannot listen on {where}: the port is already in use (another server?); "
+                             "pick another --port, or --port 0 for a free one") from exc  # fmt: skip
+        if exc.errno == errno.EACCES:
+            raise UsageError(f"cannot listen on {where}: permission denied (ports below 1024 need root); "
+                             "pick a --port above 1023") from exc  # fmt: skip
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"cannot listen on {where}: that address is not on this machine; "
+                             "use 127.0.0.1, 0.0.0.0 or one of this machine's addresses") from exc  # fmt: skip
+        raise

@@ -8,14 +8,13 @@ server :mod:`streamdec.server`.
 
 from __future__ import annotations
 
+from ._version import __version__
 from .codecs import Codec, load_codec, save_codec
 from .codecs.stateful import supports_stateful
 from .engine import Engine, WarmupReport, WindowRequest, create_engine
 from .planning import StreamPlanner, Window, plan_tiles
 from .session import StreamSession, Tile
 from .streaming import DecoderStats, StreamDecoder, TileStream
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Codec",

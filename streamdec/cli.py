@@ -1,7 +1,8 @@
-"""The ``streamdec`` command: ``info``, ``decode``, ``serve``, ``stream``.
+"""The ``streamdec`` command: ``info``, ``decode``, ``convert``, ``serve``, ``stream``, ``bench``.
 
-Each subcommand is a ``configure_*`` (arguments) and ``run_*`` (work) pair; the server and client ones
-live beside their code and are imported only when used.
+Each subcommand is a ``configure_*`` (arguments) and ``run_*`` (work) pair; the server, client and bench
+ones live beside their code and are imported only when used. A user's mistake ends in one line on stderr
+and exit code 2 (:mod:`streamdec.cli_errors`); ``--debug`` shows the traceback as well.
 """
 
 from __future__ import annotations
@@ -11,29 +12,113 @@ import asyncio
 import importlib
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
+from ._version import __version__
+from .cli_errors import UsageError, check_output_path, describe
 from .errors import StreamdecError
 
-__all__ = ["main"]
+__all__ = ["add_codec_arguments", "check_device", "check_latent_shape", "load_latent_file", "main"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def _preset_names() -> str:
+    from .codecs.registry import PRESETS
+
+    return ", ".join(sorted(PRESETS))
+
+
 def add_codec_arguments(parser: argparse.ArgumentParser, *, default: str = "tiny") -> None:
     """``--codec``, ``--device``, ``--dtype``: shared by every command that loads a codec."""
-    parser.add_argument("--codec", default=default, help="preset name (tiny, auk-24k) or checkpoint path")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--codec",
+        default=default,
+        help=f"a preset ({_preset_names()}; random weights) or a checkpoint path (default {default})",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+
+
+def check_device(device: str) -> torch.device:
+    """``device`` as a torch device, or a UsageError saying why this torch cannot use it."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type != "cuda":
+        return dev
+    if torch.version.cuda is None:
+        raise UsageError(
+            f"--device {device}: this torch ({torch.__version__}) is a CPU build; install a CUDA build of "
+            "torch first (see the README's install section), or use --device cpu"
+        )
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {device}: torch {torch.__version__} sees no CUDA GPU; check nvidia-smi and "
+            "CUDA_VISIBLE_DEVICES, or use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise UsageError(
+            f"--device {device}: this machine has {count} CUDA device(s), cuda:0 .. cuda:{count - 1}"
+        )
+    return dev
 
 
 def load_codec_from_args(args: argparse.Namespace) -> Any:
     from .codecs import load_codec
 
+    check_device(args.device)
     return load_codec(args.codec, device=args.device, dtype=_DTYPES[args.dtype])
+
+
+def load_latent_file(path: str | Path) -> torch.Tensor:
+    """Read a latent file for a command; a file that is not latents is a UsageError naming it."""
+    from .io import load_latents
+
+    try:
+        latents = load_latents(path)
+    except (OSError, StreamdecError):
+        raise
+    except Exception as exc:  # numpy's and safetensors' own parse errors
+        raise UsageError(
+            f"{path}: cannot read latents from it ({type(exc).__name__}: {exc}); write [frames, latent_dim] "
+            "float latents with numpy.save or safetensors"
+        ) from exc
+    if not latents.is_floating_point():
+        raise UsageError(f"{path} holds {latents.dtype} values; latents must be floating point")
+    return latents
+
+
+def check_latent_shape(
+    latents: torch.Tensor,
+    path: str | Path,
+    latent_dim: int,
+    codec_name: str,
+    fix: str = "pick the codec these latents belong to with --codec",
+) -> None:
+    """The file's latents must be ``[frames, latent_dim]`` for this codec; say which file and shape if not."""
+    if latents.dim() != 2 or latents.shape[1] != latent_dim:
+        raise UsageError(
+            f"{path} holds latents of shape {tuple(latents.shape)}, but codec {codec_name!r} takes "
+            f"[frames, {latent_dim}]; {fix}"
+        )
+
+
+def _check_finite(latents: torch.Tensor, path: str | Path) -> None:
+    bad = ~torch.isfinite(latents)
+    if bool(bad.any()):
+        first = int(bad.reshape(bad.shape[0], -1).any(dim=1).nonzero()[0])
+        raise UsageError(
+            f"{path} holds {int(bad.sum())} NaN or infinite values (the first in frame {first}); "
+            "latents must be finite: check the model that produced them"
+        )
 
 
 class Progress:
@@ -87,17 +172,20 @@ def run_info(args: argparse.Namespace) -> int:
 # -- decode ----------------------------------------------------------------------------------------
 def configure_decode(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="latent file: .npy or .safetensors, [T, D] normalized latents")
-    parser.add_argument("output", help="WAV file to write")
+    parser.add_argument("output", help="WAV file to write (.wav)")
     add_codec_arguments(parser)
     parser.add_argument("--max-emit", type=int, default=64, help="frames emitted per window")
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    from .io import load_latents, write_wav
+    from .io import write_wav
     from .streaming import StreamDecoder
 
+    output = check_output_path(args.output)
+    latents = load_latent_file(args.input)
     codec = load_codec_from_args(args)
-    latents = load_latents(args.input)
+    check_latent_shape(latents, args.input, codec.latent_dim, codec.name)
+    _check_finite(latents, args.input)
 
     async def decode() -> torch.Tensor:
         progress = Progress(int(latents.shape[0]), "frames")
@@ -111,10 +199,11 @@ def run_decode(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     audio = asyncio.run(decode())
     elapsed = time.perf_counter() - began
-    write_wav(args.output, audio, codec.sample_rate)
+    write_wav(output, audio, codec.sample_rate)
     seconds = audio.shape[-1] / codec.sample_rate
     print(
-        f"wrote {args.output}: {seconds:.2f} s of audio in {elapsed:.2f} s (RTF {elapsed / max(seconds, 1e-9):.3f})"
+        f"wrote {output}: {seconds:.2f} s of audio from {args.input} {tuple(latents.shape)} in {elapsed:.2f} s "
+        f"(real-time factor {elapsed / max(seconds, 1e-9):.3f}, below 1 is faster than real time)"
     )
     return 0
 
@@ -159,12 +248,28 @@ def _resolve(command: _Command) -> tuple[Callable[..., None], Callable[..., int]
     return getattr(module, configure), getattr(module, run)
 
 
+def _debug_parent() -> argparse.ArgumentParser:
+    # SUPPRESS: a subcommand without --debug must not reset one given before the subcommand.
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="on an error, print the traceback too")  # fmt: skip
+    return parent
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamdec", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="streamdec",
+        description="Decode a TTS codec's latent frames into audio while they arrive.",
+        epilog="`streamdec COMMAND --help` describes a command. Mistakes exit with code 2 and one line on "
+        "stderr; --debug adds the traceback.",
+    )
+    parser.add_argument("--version", action="version", version=f"streamdec {__version__}")
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    debug = _debug_parent()
     for name, (help_text, command) in _COMMANDS.items():
         configure, run = _resolve(command)
-        child = sub.add_parser(name, help=help_text, description=help_text)
+        child = sub.add_parser(name, help=help_text, description=help_text, parents=[debug])
         configure(child)
         child.set_defaults(run=run)
     return parser
@@ -175,11 +280,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except StreamdecError as exc:
-        print(f"streamdec {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        message = describe(exc)
+        if message is None:
+            raise  # not a user's mistake: a bug, with its traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"streamdec {args.command}: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

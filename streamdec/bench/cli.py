@@ -2,7 +2,7 @@
 
 Example (what produced the committed CPU results)::
 
-    streamdec bench --device cpu --threads 1 --out bench/results
+    streamdec bench --device cpu --threads 1 --max-point-s 20 --out bench/results/cpu --name bench
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     """Add the ``streamdec bench`` arguments; unset ones take the device's defaults (BenchConfig.for_device)."""
     d = BenchConfig()
     a = parser.add_argument
-    a("--codec", help="preset or checkpoint (default: auk-24k on CUDA, tiny on the CPU)")
+    from ..codecs.registry import PRESETS
+
+    a("--codec", help=f"a preset ({', '.join(sorted(PRESETS))}) or a checkpoint path "
+      "(default: auk-24k on CUDA, tiny on the CPU)")  # fmt: skip
     a("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     a("--dtype", default=d.dtype, choices=("float32", "float16", "bfloat16"))
     a(
@@ -111,7 +114,8 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     a(
         "--budget-s",
         type=float,
-        help="soft wall-clock budget: later points and sections are skipped (and listed)",
+        help="wall-clock budget: the default sweep shrinks to fit it, and points that still do not fit are "
+        "skipped and listed (never an error)",
     )
     a(
         "--compile-estimate-s",
@@ -129,14 +133,58 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The run's settings: what the user gave, else the device's defaults shrunk to fit ``--budget-s``."""
+    from ..cli import check_device
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    values: dict[str, Any] = dict(BenchConfig.for_device(device))
+    check_device(device)
+    values: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
+    values.update(BenchConfig.for_device(device))
+    given = {f.name for f in dataclasses.fields(BenchConfig) if getattr(args, f.name, None) is not None}
+    for name in given - {"device"}:
+        values[name] = getattr(args, name)
     values["device"] = device
-    for f in dataclasses.fields(BenchConfig):
-        given = getattr(args, f.name, None)
-        if given is not None and f.name != "device":
-            values[f.name] = given
+    if values["budget_s"] is not None:
+        values.update(fit_budget(values, values["budget_s"], keep=given))
     return BenchConfig(**values)
+
+
+#: about how long the full default sweep takes with an idle device, in seconds (CPU: tiny, 1 thread)
+_NOMINAL_S = {"cpu": 600.0, "cuda": 900.0}
+
+
+#: which emission sizes a short run keeps first: a small and a large tile, then the ends, then the rest
+_SIZE_ORDER = (8, 64, 1, 256, 16, 4, 128, 32, 2)
+
+
+def _size_priority(size: int) -> int:
+    return _SIZE_ORDER.index(size) if size in _SIZE_ORDER else len(_SIZE_ORDER) + size
+
+
+def fit_budget(
+    values: dict[str, Any], budget_s: float, keep: frozenset[str] | set[str] = frozenset()
+) -> dict[str, Any]:
+    """Smaller defaults for a run that must fit ``budget_s`` seconds: fewer sizes, a shorter clip, fewer
+    repeats and stream counts. Settings the user gave (``keep``) stay. The budget still guards each point,
+    so a slow device skips points (listed in the result) instead of running over; nothing fails.
+    """
+    share = budget_s / _NOMINAL_S["cuda" if str(values["device"]).startswith("cuda") else "cpu"]
+    if share >= 1:
+        return {}
+    sizes = tuple(values["sizes"])
+    count = max(2, round(len(sizes) * share * 2))
+    smaller: dict[str, Any] = {
+        "sizes": tuple(sorted(sorted(sizes, key=_size_priority)[:count])),
+        "clip_seconds": round(max(1.0, min(values["clip_seconds"], values["clip_seconds"] * share * 2)), 1),
+        "repeats": max(3, min(values["repeats"], round(values["repeats"] * share * 2))),
+        "ttfa_repeats": max(2, min(values["ttfa_repeats"], round(values["ttfa_repeats"] * share * 2))),
+        "streams": tuple(values["streams"])[: max(1, round(len(values["streams"]) * share))],
+        "conc_seconds": round(max(1.0, min(values["conc_seconds"], values["conc_seconds"] * share * 2)), 1),
+        "max_point_s": min(values["max_point_s"], max(1.0, budget_s / 20)),
+    }
+    if budget_s < 4 * values["compile_estimate_s"]:
+        smaller["tiers"] = tuple(t for t in values["tiers"] if t != "compiled") or ("eager",)
+    return {k: v for k, v in smaller.items() if k not in keep}
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -200,13 +248,21 @@ def _replot(path: Path) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run ``streamdec bench``; prints a digest and the files written. Exit 1 if a section failed."""
+    """Run ``streamdec bench``; prints a digest and the files written. Exit 1 if a section failed (an
+    error, not a point the budget skipped)."""
     if args.replot:
         return _replot(Path(args.replot))
     from .runner import run
 
     cfg = config_from_args(args)
+    if cfg.budget_s is not None:
+        print(f"budget {cfg.budget_s:g} s: sizes {','.join(map(str, cfg.sizes))}, {cfg.clip_seconds:g} s clip, "
+              f"{cfg.repeats} repeats, streams {','.join(map(str, cfg.streams))}; tiers {','.join(cfg.tiers)}")  # fmt: skip
     result = asyncio.run(run(cfg, quiet=args.quiet))
     print(summary_table(result))
     print(f"wrote {result['json']}" + "".join(f", {p}" for p in result.get("plots", [])))
+    if result["skipped"]:
+        print(
+            f"{len(result['skipped'])} points did not fit the budget (listed above and in the JSON's 'skipped')"
+        )
     return 1 if result["errors"] else 0

@@ -35,6 +35,11 @@ def _log2_axis(ax: Any, sizes: list[int]) -> None:
     ax.set_xticklabels([str(s) for s in sizes])
 
 
+def _has_data(ax: Any) -> bool:
+    """True if a curve on ``ax`` has a point (reference lines drawn across the panel do not count)."""
+    return any(len(line.get_xdata()) and not line.get_gid() for line in ax.get_lines())
+
+
 def _title(result: dict[str, Any]) -> str:
     m = result["meta"]
     return f"{m['codec']['name']} on {m['device_name']} (torch {m['torch']}, {m['date_utc'][:10]})"
@@ -50,11 +55,20 @@ def _finish(
     *,
     legend_size: int = 8,
 ) -> None:
-    """Log2 x-axis, grid and legend on every panel; title, layout, write ``path`` and free the figure."""  # fmt: skip
+    """Log2 x-axis, grid and legend on every panel; title, layout, write ``path`` and free the figure.
+
+    A panel with nothing measured (a section the time budget skipped) says so instead of failing to
+    log-scale an empty axis."""
     for ax in axes:
+        if not _has_data(ax):
+            ax.set_xscale("linear")
+            ax.set_yscale("linear")
+            ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center", transform=ax.transAxes)
+            continue
         _log2_axis(ax, ticks)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=legend_size)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=legend_size)
     fig.suptitle(_title(result))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -81,10 +95,10 @@ def _latency(result: dict[str, Any], path: Path, plt: Any) -> None:
         xs, ys = _xy(rows, "chunk_frames", lambda p: _p(p["decode_ms"]))
         ax1.plot(xs, ys, "s--", color=color, label=label)
     if "whole" in base:
-        ax1.axhline(base["whole"]["decode_ms"]["p50"], color="gray", ls="--",
+        ax1.axhline(base["whole"]["decode_ms"]["p50"], color="gray", ls="--", gid="reference",
                     label=f"whole clip, {base['whole']['frames']} frames (eager)")  # fmt: skip
     if "seed_tiles" in base:
-        ax1.axhline(base["seed_tiles"]["decode_ms"]["p50"], color="black", ls="-.",
+        ax1.axhline(base["seed_tiles"]["decode_ms"]["p50"], color="black", ls="-.", gid="reference",
                     label=f"seed {base['seed_tiles']['tile_frames']}-frame tile (eager)")  # fmt: skip
     ax1.set(xlabel="emission / chunk size (frames)", ylabel="decode latency per window (ms)", yscale="log",
             title="Decode latency per window")  # fmt: skip
@@ -161,7 +175,7 @@ def _concurrency(result: dict[str, Any], path: Path, plt: Any) -> None:
         if util:
             ax3.plot([u[0] for u in util], [u[1] for u in util], marker, color=color, label=name)
     limit = result["config"]["ttfa_limit_ms"]
-    ax1.axhline(limit, color="red", lw=0.8, label=f"{limit:g} ms")
+    ax1.axhline(limit, color="red", lw=0.8, gid="reference", label=f"{limit:g} ms")
     src = (
         "NVML"
         if any(p.get("gpu_util_pct") is not None for p in conc.get("decoder") or [])

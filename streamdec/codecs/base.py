@@ -107,14 +107,13 @@ class Codec(nn.Module, abc.ABC):
         or ``"tf32"``.
 
         ``"tf32x3"`` runs split operands on TF32 tensor cores. Where Triton is installed it goes through
-        this package's split convolution and is float32-accurate and faster: 120 dB against float64 where
-        ``"fp32"`` gives 115, and 7.5 against 10.4 ms for a compiled 1 x 70 decode (an H200, auk-24k);
-        without Triton, through cuDNN, 83 dB. Its split weights take twice the conv weights' memory (three
-        times through cuDNN). ``"fp16x3"`` splits into float16 halves under power-of-two scales and runs
-        this package's float16 kernel where the GPU has TMA (an H100 or H200; other layers and GPUs take
-        the ``"tf32x3"`` path): 122 dB, 4.2 ms at 1 x 70 and 38.6 ms at 16 x 70 compiled on an H200
-        (``"tf32x3"``: 86 ms); its split weights take as much memory as the conv weights. ``"tf32"`` moves
-        the output by about 1e-3 (:mod:`streamdec.codecs.precision`).
+        this package's split convolution and is float32-accurate and faster than ``"fp32"``; without
+        Triton, through cuDNN, it loses accuracy. Its split weights take twice the conv weights' memory
+        (three times through cuDNN). ``"fp16x3"`` splits into float16 halves under power-of-two scales and
+        runs this package's float16 kernel where the GPU has TMA (an H100 or H200; other layers and GPUs
+        take the ``"tf32x3"`` path), faster again; its split weights take as much memory as the conv
+        weights. ``"tf32"`` moves the output by about 1e-3 (:mod:`streamdec.codecs.precision`). Accuracy
+        and speed of each mode: ``docs/precision.md`` and ``docs/performance.md``.
         Setting it takes effect at the next eager call or compile; captured graphs keep what they captured.
         """
         return self._precision
@@ -130,9 +129,9 @@ class Codec(nn.Module, abc.ABC):
 
         ``"fp16x3"`` where every convolution then runs through the float16 split kernel (CUDA with TMA,
         float32 weights, Triton installed, no convolution the kernel cannot take); else ``"tf32x3"`` where
-        every one runs through the TF32 split kernel; both are faster and more accurate than ``"fp32"`` on
-        an H200. ``"fp32"`` otherwise, including wherever some layer would fall back to the cuDNN split
-        (83 dB). ``streamdec serve --precision auto`` calls this.
+        every one runs through the TF32 split kernel; both are faster and more accurate than ``"fp32"``.
+        ``"fp32"`` otherwise, including wherever some layer would fall back to the cuDNN split (less
+        accurate; ``docs/precision.md``). ``streamdec serve --precision auto`` calls this.
         """
         for choice in AUTO_PREFERENCE:
             try:

@@ -22,7 +22,7 @@
   loses a little at every MMA step (it behaves like truncation, not round-to-nearest), so a layer's error
   grows with its reduction length ``3 * Cin * k``: about 1e-6 of the output peak at 200 terms, 2-3e-5 at
   7,000, in cuDNN and cuBLAS alike, against 0.4-3e-6 for float32 on CUDA cores and 3e-4 for plain TF32
-  (``scripts/probe_conv_precision.py``, committed under ``bench/results``); a whole AuK decode lands at
+  (``scripts/probe_conv_precision.py``; ``docs/precision.md``); a whole AuK decode lands at
   83 dB against float64. So where Triton is installed, ``"tf32x3"`` runs this package's convolutions
   through its own kernel (:mod:`streamdec.kernels.conv`), which takes the same three products but starts a
   fresh accumulator every reduction step and adds the steps in plain float32: a whole AuK decode then

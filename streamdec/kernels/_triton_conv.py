@@ -97,7 +97,7 @@ class Tiles(NamedTuple):
 
 
 # Chosen from a per-layer sweep over auk-24k at 1 x 70 and 16 x 70 on an H200
-# (bench/results/2026-11-30-h200-s3-conv-sweep-*.json): large tiles when they still fill the GPU twice,
+# (bench/results/h200/conv-tiles-tf32x3-*.json): large tiles when they still fill the GPU twice,
 # otherwise smaller ones that fill it once (a 1 x 70 decode has too few outputs per layer for large tiles).
 # All share one block_k: it sets the reduction's grouping, hence the rounding, so a row's output stays
 # bit-identical whatever batch it is computed in (the plain-graph tier promises that); the tile's other

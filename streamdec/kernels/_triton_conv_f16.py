@@ -182,7 +182,7 @@ def _interleave_kernel(
     """``dst[b, c, t * PHASES + p] = src[b, p * PER_PHASE + c, t]``, tiled over the output so that the
     stores run contiguously; the loads gather from ``PHASES`` rows, each in short contiguous runs. (Written
     by the conv's epilogue instead, at a runtime stride, the interleave made every launch of the conv
-    kernel half as slow again: ``bench/results/2026-11-30-h200-s6-run1-*``.)"""
+    kernel slower, not only the launches that interleave: ``docs/kernels.md``.)"""
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     batch = tl.program_id(2)

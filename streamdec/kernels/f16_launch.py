@@ -7,8 +7,8 @@ the arithmetic, so a row's output never depends on its batch or on the launch: t
 program computes what: the tile (:func:`default_tiles`) and whether the chunks run as separate programs
 (:func:`plan`).
 
-The rules come from per-layer sweeps of auk-24k on an H200 (``bench/results/2026-11-30-h200-s4-conv-kernels-1x70.json``
-at batch 1, ``...-s5-run1-conv-16x70.json`` at batch 16), each close to the best launch measured per layer:
+The rules come from per-layer sweeps of auk-24k on an H200 (``bench/results/h200/conv-layers-1x70.json``
+at batch 1, ``bench/results/h200/conv-launches-16x70.json`` at batch 16), each close to the best launch measured per layer:
 - a grid that large tiles would not fill once (batch 1): small tiles, chunks as separate programs;
 - otherwise 128 x 128 tiles where they divide the output channels (one program per multiprocessor: the
   tile is worth the shared memory), else 64-channel tiles with as many pipeline stages as let two

@@ -212,10 +212,10 @@ async def test_serve_prints_url_and_sigterm_finishes_streams_then_1001(codec: An
 @pytest.mark.parametrize(("flag", "value"), [("--chunk", "0"), ("--prebuffer-ms", "-5")])
 def test_stream_command_refuses_bad_numbers(tmp_path: Path, flag: str, value: str, capsys: Any) -> None:
     """Bad numeric options exit with status 2 and say why, before anything is read or sent."""
-    parser = argparse.ArgumentParser()
-    configure_stream(parser)
-    args = parser.parse_args([str(tmp_path / "missing.npy"), "--url", "ws://127.0.0.1:1/v1/stream",
-                              str(tmp_path / "out.wav"), flag, value])  # fmt: skip
-    assert run_stream(args) == 2
-    assert flag in capsys.readouterr().out
+    from streamdec.cli import main
+
+    argv = ["stream", str(tmp_path / "missing.npy"), "--url", "ws://127.0.0.1:1/v1/stream",
+            str(tmp_path / "out.wav"), flag, value]  # fmt: skip
+    assert main(argv) == 2
+    assert flag in capsys.readouterr().err
     assert not (tmp_path / "out.wav").exists()
