@@ -161,9 +161,12 @@ class StreamServer:
             async with anyio.create_task_group() as tg:
                 for conn in list(self._connections):
                     tg.start_soon(conn.close_going_away)
-        self._server.close(close_connections=True)  # the listener; whatever is still open gets 1001 now
+        server = self._server
+        if server is None:  # a second signal aborted everything meanwhile
+            return
+        server.close(close_connections=True)  # the listener; whatever is still open gets 1001 now
         with anyio.move_on_after(self.config.close_timeout):
-            await self._server.wait_closed()
+            await server.wait_closed()
         self.abort()
 
     def abort(self) -> None:
