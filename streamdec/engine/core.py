@@ -84,8 +84,8 @@ class DecodeEngine(Engine):
     * ``cpu_threads`` - PyTorch intra-op threads while the engine runs (default: cores - 1 on a CPU, 1 on
       a GPU, where the host only copies and converts).
     * ``hold_lead`` - while a replay is in flight, work whose deadline is further away than this
-      (seconds) plus two measured replays of its largest bucket waits for more work to share its
-      replay, until that bucket is full (default 0.04; None: dispatch at once). An idle device never
+      (seconds) plus two measured replays of the bucket it fills waits for more work to share its
+      replay, until the largest bucket is full (default 0.04; None: dispatch at once). An idle device never
       waits; whole-clip windows and stateful primes are due at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
@@ -359,8 +359,8 @@ class DecodeEngine(Engine):
             raise ConfigError(f"slot {request.slot} is outside 0..{self.max_streams - 1}")
 
     def _lead(self, key: BucketKey) -> float:
-        """How long before its deadline work of ``key``'s group must be dispatched: ``hold_lead`` plus
-        two replays of its largest bucket (one may be in flight ahead of it), where they were measured."""
+        """How long before its deadline work filling ``key`` must be dispatched: ``hold_lead`` plus two
+        replays of that bucket (one may be in flight ahead of it), where they were measured."""
         measured_ms = self._measured.get(key)
         assert self.hold_lead is not None
         return self.hold_lead + (2e-3 * measured_ms if measured_ms is not None else 0.0)

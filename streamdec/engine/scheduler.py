@@ -202,20 +202,24 @@ class Scheduler(Generic[T]):
         """Seconds to wait before popping so that more work joins the next batch, or None: pop now.
 
         The most urgent group goes out at once when it fills its largest bucket or its earliest deadline
-        is within ``lead`` seconds (a number, or a function of the group's largest bucket: its replay
-        time belongs in the lead); until then waiting costs no listener anything and every arrival makes
+        is within ``lead`` seconds (a number, or a function of the bucket the queued work would fill: its
+        replay time belongs in the lead); until then waiting costs no listener anything and every arrival makes
         the next replay fuller (real-time streams all push a step per chunk period).
         """
         group = self._most_urgent_group()
         if group is None:
             return None
         kind, frames = group
-        largest = self.buckets_for(kind, frames)[-1]
-        ahead = lead(BucketKey(largest, frames, kind)) if callable(lead) else lead
-        deadline = self._groups[group][0][0]
-        if self._live[group] >= largest or deadline - ahead <= now:
+        buckets = self.buckets_for(kind, frames)
+        live = self._live[group]
+        if live >= buckets[-1]:
             return None
-        return deadline - ahead - now
+        # The lead covers a replay of the bucket the queued work fills now; as more arrives the bucket,
+        # its replay time and so the lead grow, and the hold ends earlier.
+        fits = next(b for b in buckets if b >= live)
+        ahead = lead(BucketKey(fits, frames, kind)) if callable(lead) else lead
+        deadline = self._groups[group][0][0]
+        return None if deadline - ahead <= now else deadline - ahead - now
 
     def drain(self) -> list[T]:
         """Remove and return every live payload (engine shutdown)."""
