@@ -235,6 +235,7 @@ _COMMANDS: dict[str, tuple[str, _Command]] = {
         "measure how many real-time streams one server process carries (client processes, a sweep)",
         ("streamdec.bench.loadtest", "configure_loadtest", "run_loadtest"),
     ),
+    "say": ("speak text with a voice into a WAV file", ("streamdec.voice.cli", "configure_say", "run_say")),
     "convert": (
         "convert a checkpoint (DAC, Stable Audio Open, BigVGAN) to streamdec's safetensors",
         ("streamdec.codecs.convert", "configure_convert", "run_convert"),

@@ -5,12 +5,14 @@
     StreamdecError
     ├── ConfigError            a policy, bucket set or geometry that cannot work (planning, engine, server)
     ├── CodecError             a codec that cannot be built or loaded
-    │   └── CheckpointError    a checkpoint file with missing, unexpected or mis-shaped tensors
+    │   ├── CheckpointError    a checkpoint file with missing, unexpected or mis-shaped tensors
+    │   └── VoiceError         a voice's front end that cannot run (package or espeak-ng missing)
     ├── InputError             latents a caller handed in that cannot be decoded
     │   ├── ShapeError         wrong rank or latent_dim
     │   ├── DTypeError         not a floating-point array
     │   ├── NonFiniteError     NaN or Inf in a chunk (rejected unless allowed)
-    │   └── StreamEndedError   a chunk fed after the stream ended
+    │   ├── StreamEndedError   a chunk fed after the stream ended
+    │   └── TextError          text a voice cannot speak (EmptyTextError, UnknownPhonemeError, TextTooLongError)
     ├── NonFiniteOutputError   finite latents the codec decoded into NaN or Inf audio (nothing is sent)
     ├── ConcurrentIterationError  two tasks iterating one ``decode_tiles`` stream
     ├── EngineError            the decode engine failed or was used after it closed
@@ -33,6 +35,7 @@ __all__ = [
     "ConcurrentIterationError",
     "ConfigError",
     "DTypeError",
+    "EmptyTextError",
     "EngineClosedError",
     "EngineError",
     "InputError",
@@ -43,7 +46,11 @@ __all__ = [
     "ShapeError",
     "StreamEndedError",
     "StreamdecError",
+    "TextError",
+    "TextTooLongError",
     "TooManyStreamsError",
+    "UnknownPhonemeError",
+    "VoiceError",
 ]
 
 
@@ -61,6 +68,10 @@ class CodecError(StreamdecError):
 
 class CheckpointError(CodecError):
     """A checkpoint whose tensors do not match the codec: names the missing/unexpected keys and shapes."""
+
+
+class VoiceError(CodecError):
+    """A voice whose text front end cannot run: its package, onnxruntime or the espeak-ng program is missing."""
 
 
 class InputError(StreamdecError, ValueError):
@@ -87,6 +98,22 @@ class NonFiniteOutputError(StreamdecError, ValueError):
     """Decoded audio holding NaN or Inf although the latents were finite (e.g. values near the float32 limit
     that overflow inside the codec). The input is at fault, not the engine, but no single chunk is: the
     message names the window's frames; rescale the latents to the codec's range."""
+
+
+class TextError(InputError):
+    """Text a voice cannot speak."""
+
+
+class EmptyTextError(TextError):
+    """Text with nothing to say (empty, blank or punctuation only)."""
+
+
+class UnknownPhonemeError(TextError):
+    """A phoneme the voice's ``phoneme_id_map`` has no id for."""
+
+
+class TextTooLongError(TextError):
+    """Text longer than the request limit, or a sentence with more phonemes than one pass takes."""
 
 
 class EngineError(StreamdecError, RuntimeError):

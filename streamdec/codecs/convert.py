@@ -26,7 +26,10 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def configure_convert(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="DAC .pth, Stable Audio Open model.safetensors, BigVGAN .pt or directory")
+    parser.add_argument(
+        "src",
+        help="DAC .pth, Stable Audio Open model.safetensors, BigVGAN .pt or directory, Piper voice .onnx",
+    )
     parser.add_argument("dst", help="output file, .safetensors")
     parser.add_argument("--name", default=None, help="codec name stored in the file (default: from SRC)")
     parser.add_argument("--sample-rate", type=int, default=None, help="DAC: override the file's sample rate")

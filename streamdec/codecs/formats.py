@@ -39,6 +39,7 @@ from streamdec.codecs.checkpoint import fold_weight_norm
 from streamdec.codecs.dac import DACCodebooks, DACConfig
 from streamdec.codecs.layers import FILTER_TAPS, kaiser_sinc_filter
 from streamdec.codecs.registry import build_codec
+from streamdec.codecs.vits import read_piper_onnx
 from streamdec.errors import CheckpointError, CodecError
 
 __all__ = [
@@ -346,7 +347,7 @@ def is_foreign(path: str | os.PathLike[str]) -> bool:
         return True
     if p.endswith(".safetensors"):
         return _safetensors_kind(p) != "streamdec"
-    return os.path.isfile(p) and p.endswith((".pt", ".pth", ".ckpt", ".bin"))
+    return os.path.isfile(p) and p.endswith((".pt", ".pth", ".ckpt", ".bin", ".onnx"))
 
 
 def read_foreign(
@@ -370,6 +371,8 @@ def read_foreign(
         raise CheckpointError(f"{p} holds neither bigvgan_generator.pt nor model.safetensors")
     if p.endswith(".safetensors"):
         return read_stable_audio(p, name=name)
+    if p.endswith(".onnx"):
+        return read_piper_onnx(p, name=name)
     data = _torch_load(p)
     if isinstance(data, dict) and "generator" in data:
         weights, config_path = _bigvgan_paths(p, None if config is None else os.fspath(config))

@@ -25,6 +25,7 @@ from streamdec.codecs.bigvgan import (
 )
 from streamdec.codecs.dac import DAC_16K, DAC_24K, DAC_44K, DAC_TINY, DACDecoder
 from streamdec.codecs.oobleck import OOBLECK_44K, OOBLECK_TINY, OobleckDecoder
+from streamdec.codecs.vits import PIPER_MEDIUM, VITS_TINY, VITSGenerator
 from streamdec.errors import CodecError
 
 __all__ = [
@@ -51,6 +52,7 @@ register_family(AuKDecoder)
 register_family(DACDecoder)
 register_family(OobleckDecoder)
 register_family(BigVGANGenerator)
+register_family(VITSGenerator)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ PRESETS: Mapping[str, Preset] = {
     "bigvgan-22k": Preset("bigvgan", BIGVGAN_22K.to_dict(), seed=33),
     "bigvgan-44k-256x": Preset("bigvgan", BIGVGAN_44K_256X.to_dict(), seed=34),
     "bigvgan-44k": Preset("bigvgan", BIGVGAN_44K.to_dict(), seed=35),
+    "vits-tiny": Preset("vits", VITS_TINY.to_dict(), seed=41),
+    "vits-medium": Preset("vits", PIPER_MEDIUM.to_dict(), seed=42),
 }
 
 

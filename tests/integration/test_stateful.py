@@ -20,7 +20,7 @@ from streamdec.errors import (
     TooManyStreamsError,
 )
 
-FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
+FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny", "vits-tiny"]
 pytestmark = pytest.mark.timeout(900)
 _CODECS: dict[str, streamdec.Codec] = {}
 

@@ -16,7 +16,7 @@ from streamdec.clients.client import connect
 from support.server_support import running_server
 
 torch.set_num_threads(2)
-FAMILIES = ["dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
+FAMILIES = ["dac-tiny", "oobleck-tiny", "bigvgan-tiny", "vits-tiny"]
 
 
 @functools.cache

@@ -14,7 +14,7 @@ from streamdec.engine.slots import SlotAllocator, StatePool
 from streamdec.errors import ConfigError, TooManyStreamsError
 from streamdec.session import StatefulSession, StepPolicy
 
-FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
+FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny", "vits-tiny"]
 # bigvgan-tiny's reference activation is slow on a small CPU: the property gets room, not fewer cases
 pytestmark = pytest.mark.timeout(900)
 _NETS: dict[str, tuple[streamdec.Codec, StatefulNet]] = {}
