@@ -155,6 +155,12 @@ def recorded(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in sorted(source.items()) if k.startswith("STREAMDEC_")}
 
 
+def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process this package starts (a server under load test): this
+    process's, with ``extra`` on top. Read when the child starts."""
+    return {**os.environ, **(extra or {})}
+
+
 _INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 
 

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from streamdec import settings
+
 from .loadclient import ClientPlan, ClientReport, StreamPlan, client_main, stream_latents
 from .loaddecoder import DecoderOptions, DecoderRun, decoder_main
 from .loadstats import (
@@ -123,7 +125,7 @@ class ServerProcess:
         self, serve_args: list[str], start_timeout: float, env: dict[str, str] | None = None
     ) -> None:
         self.argv = [sys.executable, "-m", "streamdec.cli", "serve", *serve_args]
-        self.env = {**os.environ, **(env or {})}
+        self.env = settings.child_environment(env)
         self.start_timeout = start_timeout
         self.lines: deque[str] = deque(maxlen=60)
         self.port: int | None = None
@@ -541,7 +543,7 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
       help="CUDA: torch.compile cache of the decoder target (serve's default)")  # fmt: skip
     a("--url", help="an already running server's stream URL (default: start `streamdec serve` here)")
     a("--server-pid", type=int, help="with --url: the server's pid, for its CPU time")
-    a("--token", default=os.environ.get("STREAMDEC_TOKEN"), help="bearer token (default: $STREAMDEC_TOKEN)")
+    a("--token", default=settings.TOKEN.value(), help="bearer token (default: $STREAMDEC_TOKEN)")
     a("--codec", default="tiny", help="codec the server loads (and the offline reference decodes with)")
     a("--device", default="cpu", help="the server's device: cpu, cuda or cuda:N")
     a("--engine", choices=["auto", "simulated"], default="auto",

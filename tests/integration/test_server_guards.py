@@ -99,17 +99,17 @@ async def test_capacity_counts_streams_of_every_connection(codec: Any) -> None:
 
 async def test_the_decoder_bound_is_never_exceeded(codec: Any) -> None:
     """StreamDecoder.max_streams, when the decoder has it, caps admission below --max-streams-total."""
-    async with streamdec.StreamDecoder(codec, max_emit=16) as dec:
-        dec.max_streams = 1  # type: ignore[attr-defined]  # the attribute a halo-free decoder offers
-        async with StreamServer(
-            dec, ServerConfig(port=0, max_streams_total=8, probe_capacity=False)
-        ) as server:
-            server.warm = True
-            async with raw(server.url) as ws:
-                await ready(ws)
-                await start(ws, 0)
-                await start(ws, 1)
-                assert [(await next_json(ws)).get("code") for _ in range(2)] == [None, "over_capacity"]
+    dec = streamdec.StreamDecoder(codec, mode="stateful", max_streams=1, max_emit=16)
+    async with (
+        dec,
+        StreamServer(dec, ServerConfig(port=0, max_streams_total=8, probe_capacity=False)) as server,
+    ):
+        server.warm = True
+        async with raw(server.url) as ws:
+            await ready(ws)
+            await start(ws, 0)
+            await start(ws, 1)
+            assert [(await next_json(ws)).get("code") for _ in range(2)] == [None, "over_capacity"]
 
 
 async def test_warmup_measures_capacity_and_healthz_reports_it(codec: Any) -> None:
