@@ -33,7 +33,7 @@ __all__ = [
 def create_engine(codec: Codec, **options: Any) -> Engine:
     """The engine for ``codec``: CUDA graphs on a GPU, the eager tier elsewhere.
 
-    ``options`` go to :class:`DecodeEngine` (an unknown one is a ``TypeError``); ``eager=True`` turns
+    ``options`` go to :class:`DecodeEngine` (an unknown one is a ``ConfigError``); ``eager=True`` turns
     graphs off on any device.
     """
     if options.pop("eager", False):

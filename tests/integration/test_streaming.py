@@ -1,4 +1,5 @@
-"""The async API: streamed audio equals the whole-clip decode, and the stream lifecycle is clean."""
+"""The async API in halo mode (stateful mode: test_stateful.py): streamed audio equals the whole-clip
+decode, and the stream lifecycle is clean."""
 
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ def test_streamed_equals_whole_clip_decode(
             yield c
 
     async def run() -> list[streamdec.Tile]:
-        async with streamdec.StreamDecoder(codec, min_emit=min_emit, max_emit=min_emit << grow) as dec:
+        async with streamdec.StreamDecoder(
+            codec, mode="halo", min_emit=min_emit, max_emit=min_emit << grow
+        ) as dec:
             return await _collect(dec, source() if as_async else chunks)
 
     tiles = asyncio.run(run())
@@ -93,7 +96,7 @@ def test_streamed_equals_whole_clip_decode(
 async def test_concurrent_streams_on_one_decoder(codec: streamdec.Codec) -> None:
     """Several decode_tiles calls run at once on one decoder, each exact."""
     clips = [_clip(codec, n, seed) for n, seed in [(60, 10), (33, 11), (80, 12), (5, 13)]]
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=16) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=16) as dec:
         results = await asyncio.gather(*(_collect(dec, _split(lat, [7] * 20)) for lat, _ in clips))
         assert dec.stats.open_streams == 0
         assert dec.stats.streams == len(clips)
@@ -104,7 +107,7 @@ async def test_concurrent_streams_on_one_decoder(codec: streamdec.Codec) -> None
 async def test_first_tile_is_min_emit_frames(codec: streamdec.Codec) -> None:
     """Frames arriving one at a time: the first tile holds min_emit frames, later ones grow."""
     latents, _ = _clip(codec, 97, 0)
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=32) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=32) as dec:
         tiles = await _collect(dec, _split(latents, [1] * 97))
     assert [t.frames for t in tiles][:5] == [2, 4, 8, 16, 32]
     assert sum(t.frames for t in tiles) == 97
@@ -114,7 +117,7 @@ async def test_first_tile_is_min_emit_frames(codec: streamdec.Codec) -> None:
 async def test_whole_clip_decode_through_engine(codec: streamdec.Codec, frames: int) -> None:
     """dec.decode tiles a long clip through the engine and equals codec.decode, batched or not."""
     latents, reference = _clip(codec, frames, 3)
-    async with streamdec.StreamDecoder(codec, min_emit=8, max_emit=64) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=8, max_emit=64) as dec:
         single = await dec.decode(latents)
         batch = await dec.decode(torch.stack([latents, latents.flip(0)]))
     torch.testing.assert_close(single, reference, atol=1e-5, rtol=0)
@@ -133,7 +136,7 @@ async def test_event_loop_keeps_ticking_while_decoding(codec: streamdec.Codec) -
             await asyncio.sleep(0.002)
             ticks += 1
 
-    async with streamdec.StreamDecoder(codec, min_emit=8, max_emit=64) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=8, max_emit=64) as dec:
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         await dec.decode(latents, max_in_flight=1)
@@ -157,7 +160,7 @@ async def test_cancel_frees_stream_and_closes_source(codec: streamdec.Codec) -> 
         finally:
             closed.set()
 
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=8) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=8) as dec:
 
         async def consume() -> None:
             async for _ in dec.decode_tiles(source()):
@@ -177,7 +180,7 @@ async def test_cancel_frees_stream_and_closes_source(codec: streamdec.Codec) -> 
 async def test_break_out_of_loop_frees_stream(codec: streamdec.Codec) -> None:
     """Leaving the loop early inside `async with` frees the stream at once."""
     latents, _ = _clip(codec, 150, 5)
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=8) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=8) as dec:
         async with dec.decode_tiles(_split(latents, [10] * 15)) as tiles:
             async for _ in tiles:
                 break
@@ -195,7 +198,7 @@ async def test_slow_consumer_stops_chunk_intake(codec: streamdec.Codec) -> None:
             pulled += 1
             yield chunk
 
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=8) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=8) as dec:
         tiles = dec.decode_tiles(source())
         first = await tiles.__anext__()
         pulled_at_first = pulled
@@ -228,7 +231,7 @@ async def test_bad_chunk_raises_typed_error(
 ) -> None:
     """Each kind of bad chunk raises its typed error, with the fix in the message, and frees the stream."""
     good = torch.randn(10, codec.latent_dim)
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=8) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=8) as dec:
         with pytest.raises(error, match=match):
             await _collect(dec, [good, chunk, good])
         assert dec.stats.open_streams == 0
@@ -238,7 +241,7 @@ async def test_non_finite_allowed_when_asked(codec: streamdec.Codec) -> None:
     """allow_non_finite=True lets NaN through to the decoder instead of raising."""
     bad = torch.randn(20, codec.latent_dim)
     bad[3, 5] = float("nan")
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=8) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=8) as dec:
         tiles = await _collect(dec, [bad], allow_non_finite=True)
     assert sum(t.frames for t in tiles) == 20
 
@@ -247,7 +250,7 @@ async def test_empty_chunks_are_fine(codec: streamdec.Codec) -> None:
     """Empty chunks, including an empty stream, decode to exactly frames * hop samples."""
     latents, reference = _clip(codec, 40, 7)
     empty = torch.empty(0, codec.latent_dim)
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=8) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=8) as dec:
         tiles = await _collect(dec, [empty, latents[:20], empty, empty, latents[20:], empty])
         assert await _collect(dec, [empty]) == []
         assert await _collect(dec, []) == []
@@ -258,7 +261,7 @@ def test_chunk_after_end_raises(codec: streamdec.Codec) -> None:
     """The sans-I/O session refuses a chunk after end() with StreamEndedError."""
 
     async def run() -> None:
-        async with streamdec.StreamDecoder(codec) as dec:
+        async with streamdec.StreamDecoder(codec, mode="halo") as dec:
             tiles = dec.decode_tiles([])
             tiles.session.end()
             with pytest.raises(StreamEndedError, match="after the stream ended"):
@@ -270,7 +273,7 @@ def test_chunk_after_end_raises(codec: streamdec.Codec) -> None:
 
 async def test_closed_decoder_refuses_work(codec: streamdec.Codec) -> None:
     """After aclose(), new streams and windows fail with EngineClosedError."""
-    dec = streamdec.StreamDecoder(codec)
+    dec = streamdec.StreamDecoder(codec, mode="halo")
     await dec.start()
     await dec.aclose()
     with pytest.raises(EngineClosedError):
@@ -282,7 +285,7 @@ async def test_closed_decoder_refuses_work(codec: streamdec.Codec) -> None:
 async def test_eager_engine_leaves_a_core_for_the_event_loop(codec: streamdec.Codec) -> None:
     """While the eager engine runs, intra-op threads are capped (default cores - 1), then restored."""
     before = torch.get_num_threads()
-    async with streamdec.StreamDecoder(codec, threads=1) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", cpu_threads=1) as dec:
         assert torch.get_num_threads() == 1
         await dec.decode(torch.randn(10, codec.latent_dim))
     assert torch.get_num_threads() == before
@@ -298,7 +301,7 @@ async def test_listener_about_to_run_dry_gets_frames_below_the_target(codec: str
             await asyncio.sleep(0.02)  # 50 frames per second
             yield latents[i : i + 1]
 
-    async with streamdec.StreamDecoder(codec, min_emit=2, max_emit=32) as dec:
+    async with streamdec.StreamDecoder(codec, mode="halo", min_emit=2, max_emit=32) as dec:
         tiles = await _collect(dec, realtime())
     targets = [2, 4, 8, 16, 32]
     sizes = [t.frames for t in tiles]
