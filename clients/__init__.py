@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from .client import AudioFrame, ClientStream, Connection, RetryPolicy, connect, open_stream_retrying, retryable
+from .client import (
+    AudioFrame,
+    ClientStream,
+    Connection,
+    RetryPolicy,
+    connect,
+    open_stream_retrying,
+    retryable,
+)
 
 __all__ = [
     "AudioFrame",

@@ -58,7 +58,15 @@ from streamdec.protocol import (
     parse_server_text,
 )
 
-__all__ = ["AudioFrame", "ClientStream", "Connection", "RetryPolicy", "connect", "open_stream_retrying", "retryable"]
+__all__ = [
+    "AudioFrame",
+    "ClientStream",
+    "Connection",
+    "RetryPolicy",
+    "connect",
+    "open_stream_retrying",
+    "retryable",
+]
 
 #: audio messages are one tile each; this bounds a tile at 16 Mi samples of float32
 DEFAULT_MAX_SIZE = 64 * 2**20

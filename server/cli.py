@@ -162,4 +162,6 @@ def _decoder(args: argparse.Namespace, codec: Any) -> Any:
         options = {"engine": SimulatedEngine(codec, cost=SimulatedCost.parse(args.simulated_cost_ms))}
     elif args.mode != "halo" and streamdec.supports_stateful(codec):
         options["max_streams"] = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
-    return streamdec.StreamDecoder(codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options)
+    return streamdec.StreamDecoder(
+        codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
+    )

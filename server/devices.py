@@ -32,7 +32,9 @@ class DecoderGroup:
 
     def __init__(self, decoders: Sequence[StreamDecoder], names: Sequence[str]) -> None:
         if not decoders or len(decoders) != len(names):
-            raise ConfigError(f"a DecoderGroup needs one name per decoder, got {len(decoders)} and {len(names)}")
+            raise ConfigError(
+                f"a DecoderGroup needs one name per decoder, got {len(decoders)} and {len(names)}"
+            )
         modes = {d.mode for d in decoders}
         if len(modes) != 1:
             raise ConfigError(f"the decoders of a group must share one mode, got {sorted(modes)}")

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,9 @@ RETRY = RetryPolicy(attempts=40, base=0.1, cap=1.0)
 pytestmark = [
     pytest.mark.scaleout,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy; .ci/run does)"),
+    pytest.mark.skipif(
+        HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy; .ci/run does)"
+    ),
 ]
 
 
@@ -79,8 +82,8 @@ class Cluster:
 
     async def statuses(self) -> dict[str, str]:
         """The balancer's view of each replica: UP, DOWN, ... (from the stats CSV)."""
-        reply = await http(self.stats_port, "/stats;csv")
-        header, *rows = reply.body.decode().splitlines()
+        text = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{self.stats_port}/stats;csv")
+        header, *rows = text.splitlines()
         cols = header.lstrip("# ").split(",")
         out = {}
         for row in rows:
@@ -93,6 +96,13 @@ class Cluster:
         with anyio.fail_after(60):
             while (await self.statuses()).get(replica) != status:
                 await anyio.sleep(0.1)
+
+
+def _get(url: str) -> str:
+    """GET with urllib (HAProxy's stats page is chunked), no proxy from the environment."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as reply:
+        return str(reply.read().decode())
 
 
 def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
