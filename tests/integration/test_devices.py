@@ -4,6 +4,9 @@ Two CPU decoders stand in for two GPUs."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -78,3 +81,25 @@ async def test_one_device_reports_no_device_list(codec: Any) -> None:
             await srv.warmup()
             assert "devices" not in json.loads((await http(srv.port, "/healthz")).body)
             assert "streamdec_device_" not in (await http(srv.port, "/metrics")).body.decode()
+
+
+def test_serve_refuses_devices_this_host_lacks() -> None:
+    """`streamdec serve --devices all` with no CUDA device exits non-zero and says what to use instead."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamdec.cli",
+        "serve",
+        "--codec",
+        "tiny",
+        "--devices",
+        "all",
+        "--port",
+        "0",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=150, env={**env, "CUDA_VISIBLE_DEVICES": ""}
+    )
+    assert done.returncode != 0
+    assert "--devices all: no CUDA device here" in done.stderr + done.stdout
