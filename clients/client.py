@@ -14,6 +14,10 @@ routes each message to its stream. Flow control is the server's ``max_buffered_f
 :meth:`ClientStream.send` waits while the stream is that many frames ahead of the audio received, so a
 producer faster than decoding is paused, never refused. Audio received and not yet iterated waits in the
 stream (at most the audio of the latents sent): iterate every stream you open.
+
+Behind a balancer, :func:`open_stream_retrying` connects and starts a stream, and on a refusal for
+capacity or shutdown, or a failed connection, tries a new connection after a backoff (bounded, full
+jitter, never sooner than the server's ``retry_after_ms``): the balancer sends it to another replica.
 """
 
 from __future__ import annotations
