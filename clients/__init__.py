@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
-from .client import AudioFrame, ClientStream, Connection, connect
+from .client import (
+    AudioFrame,
+    ClientStream,
+    Connection,
+    RetryPolicy,
+    connect,
+    open_stream_retrying,
+    retryable,
+)
 
-__all__ = ["AudioFrame", "ClientStream", "Connection", "connect"]
+__all__ = [
+    "AudioFrame",
+    "ClientStream",
+    "Connection",
+    "RetryPolicy",
+    "connect",
+    "open_stream_retrying",
+    "retryable",
+]

@@ -14,6 +14,10 @@ routes each message to its stream. Flow control is the server's ``max_buffered_f
 :meth:`ClientStream.send` waits while the stream is that many frames ahead of the audio received, so a
 producer faster than decoding is paused, never refused. Audio received and not yet iterated waits in the
 stream (at most the audio of the latents sent): iterate every stream you open.
+
+Behind a balancer, :func:`open_stream_retrying` connects and starts a stream, and on a refusal for
+capacity or shutdown, or a failed connection, tries a new connection after a backoff (bounded, full
+jitter, never sooner than the server's ``retry_after_ms``): the balancer sends it to another replica.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncIterator
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +37,9 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
-from streamdec.errors import ServerError, ShapeError
+from streamdec.errors import ConfigError, ServerError, ShapeError
 from streamdec.protocol import (
     DEFAULT_DTYPE,
     DEFAULT_FORMAT,
@@ -59,7 +64,15 @@ from streamdec.protocol import (
     parse_server_text,
 )
 
-__all__ = ["AudioFrame", "ClientStream", "Connection", "connect"]
+__all__ = [
+    "AudioFrame",
+    "ClientStream",
+    "Connection",
+    "RetryPolicy",
+    "connect",
+    "open_stream_retrying",
+    "retryable",
+]
 
 #: audio messages are one tile each; this bounds a tile at 16 Mi samples of float32
 DEFAULT_MAX_SIZE = 64 * 2**20
@@ -319,3 +332,82 @@ async def connect(
                     handle._out.close()
         if failure is not None:
             raise failure
+
+
+# -- retrying a refused or failed start ------------------------------------------------------------------
+#: Server error codes that say "not here, not now": another connection (through a balancer, another
+#: replica) or a later try may succeed. Anything else is the client's fault and is raised at once.
+RETRYABLE_CODES = frozenset({"over_capacity", "overloaded", "shutting_down"})
+#: HTTP statuses of a refused handshake worth retrying: a balancer with no healthy backend (502/503/504)
+#: or a replica that is warming up or draining (503).
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retry with exponential backoff and full jitter.
+
+    Try ``k`` (0-based) waits ``uniform(0, min(cap, base * 2**k))`` seconds, but never less than the
+    server's ``retry_after_ms`` when the refusal carried one; after ``attempts`` tries the last error is
+    raised. Full jitter spreads clients refused together over the whole window, so they do not return
+    together (the "thundering herd" a fixed delay causes).
+    """
+
+    attempts: int = 6
+    base: float = 0.1
+    cap: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ConfigError(f"attempts={self.attempts} must be >= 1 (1: no retry)")
+        if self.base <= 0 or self.cap < self.base:
+            raise ConfigError(f"base={self.base} must be > 0 and cap={self.cap} >= base (seconds)")
+
+    def delay(self, attempt: int, retry_after_ms: int | None, rng: random.Random) -> float:
+        """Seconds to wait after failed try ``attempt`` (0-based)."""
+        wait = rng.uniform(0.0, min(self.cap, self.base * 2.0**attempt))
+        return max(wait, (retry_after_ms or 0) / 1000)
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed connect or start may succeed on a new connection: a refusal for capacity or
+    shutdown, a refused or reset TCP connection, a balancer's 5xx, a connection dropped mid-handshake."""
+    if isinstance(exc, ServerError):
+        return exc.code in RETRYABLE_CODES
+    if isinstance(exc, InvalidStatus):
+        return exc.response.status_code in RETRYABLE_STATUSES
+    return isinstance(exc, OSError | InvalidMessage | ConnectionClosed)
+
+
+@contextlib.asynccontextmanager
+async def open_stream_retrying(
+    url: str,
+    *,
+    retry: RetryPolicy | None = None,
+    token: str | None = None,
+    dtype: str = DEFAULT_DTYPE,
+    format: str = DEFAULT_FORMAT,
+    rng: random.Random | None = None,
+    sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[Connection, ClientStream]]:
+    """Connect and start one stream, retrying on a new connection when :func:`retryable` says so.
+
+    Only the start is retried: once ``started`` arrived the stream is yours, and a failure after that
+    (audio already delivered) is raised as it is. ``kwargs`` go to :func:`connect`.
+    """
+    policy, rng = retry or RetryPolicy(), rng or random.Random()
+    for attempt in range(policy.attempts):
+        stack = contextlib.AsyncExitStack()
+        try:
+            conn = await stack.enter_async_context(connect(url, token=token, **kwargs))
+            stream = await conn.open_stream(dtype=dtype, format=format)
+        except Exception as exc:
+            await stack.aclose()
+            if not retryable(exc) or attempt + 1 == policy.attempts:
+                raise
+            await sleep(policy.delay(attempt, getattr(exc, "retry_after_ms", None), rng))
+            continue
+        async with stack:
+            yield conn, stream
+        return

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import torch
@@ -37,7 +37,10 @@ from .config import ServerConfig
 from .connection import Connection
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
-from .metrics import ServerMetrics
+from .metrics import ServerMetrics, render_device_loads
+
+if TYPE_CHECKING:
+    from .devices import DecoderGroup
 
 __all__ = ["StreamServer"]
 
@@ -60,7 +63,7 @@ class StreamServer:
     real-time streams the engine sustains (unless ``max_streams_total`` is set), which admission uses.
     """
 
-    def __init__(self, decoder: StreamDecoder, config: ServerConfig | None = None) -> None:
+    def __init__(self, decoder: StreamDecoder | DecoderGroup, config: ServerConfig | None = None) -> None:
         self.decoder = decoder
         self.config = config or ServerConfig()
         self.codec = CodecInfo.from_codec(decoder.codec)
@@ -378,6 +381,19 @@ class StreamServer:
             "open_streams": load.open_streams,
             "capacity": self.admission.capacity,
             "capacity_source": self.admission.source,
+            **self._devices(),
+        }
+
+    def _devices(self) -> dict[str, Any]:
+        """With several devices (``--devices``): each one's streams, slots and load; else nothing."""
+        loads = getattr(self.decoder, "device_loads", None)
+        if loads is None:
+            return {}
+        return {
+            "devices": [
+                {"device": d.device, "open_streams": d.open_streams, "capacity": d.capacity, "load": d.load}
+                for d in loads()
+            ]
         }
 
     def _healthz(self) -> Response:
@@ -395,6 +411,8 @@ class StreamServer:
             handshaking=self._handshaking,
         )
         text += self.loop_lag.render() if self.loop_lag is not None else ""
+        loads = getattr(self.decoder, "device_loads", None)
+        text += render_device_loads(loads()) if loads is not None else ""
         return _respond(HTTPStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8")
 
     def _index(self) -> Response:

@@ -73,6 +73,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                              "audio after a modelled delay, to measure the host path alone (never for listening)")  # fmt: skip
     parser.add_argument("--simulated-cost-ms", default="0,0", metavar="FIXED,PER_FRAME",
                         help="--engine simulated: modelled ms per device call and per window frame (0,0)")  # fmt: skip
+    parser.add_argument("--devices", default=None, metavar="all|cuda:0,cuda:1",
+                        help="several GPUs in this process: one engine per device (each with --slots slots), each "
+                             "new stream on the device with the most free slots; replaces --device")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
@@ -98,38 +101,33 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
-    import streamdec
     from streamdec.cli import load_codec_from_args
 
     from .app import StreamServer
+    from .devices import DecoderGroup
 
-    codec = load_codec_from_args(args)
-    if args.precision == "auto":
-        chosen = codec.use_auto_precision()
-    else:
-        codec.precision = chosen = args.precision
+    names = _device_names(args)
+    codecs = [load_codec_from_args(argparse.Namespace(**{**vars(args), "device": n})) for n in names]
+    codec = codecs[0]
+    for each in codecs:
+        chosen = _set_precision(each, args.precision)
     if codec.pad_latent.device.type == "cuda":  # the precision means nothing on the CPU
         print(f"streamdec: precision {chosen}" + (" (auto)" if args.precision == "auto" else ""), flush=True)
     # On CUDA: warm every bucket at start-up, then freeze; a shape nobody warmed (a clip shorter than the
     # smallest window) is decoded eagerly and counted, never captured mid-serving.
     if codec.pad_latent.device.type == "cuda":
         settings.use_inductor_cache_dir(args.inductor_cache)  # process-wide: once, before anything compiles
-    cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
-    options: dict[str, Any] = cuda_options if codec.pad_latent.device.type == "cuda" else {}
-    if args.engine == "simulated":
-        from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
-
-        options = {"engine": SimulatedEngine(codec, cost=SimulatedCost.parse(args.simulated_cost_ms))}
-    elif args.mode != "halo" and streamdec.supports_stateful(codec):
-        options["max_streams"] = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
-    async with streamdec.StreamDecoder(
-        codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
-    ) as decoder:
+    decoders = [_decoder(args, each) for each in codecs]
+    group = DecoderGroup(decoders, names) if args.devices else None
+    async with group or decoders[0] as decoder:
         server = StreamServer(decoder, config)
         await _start(server, config)
         report = await server.warmup()
         decoder.freeze()
-        state = decoder.engine.state_memory_bytes()
+        state = sum(d.engine.state_memory_bytes() for d in decoders)
+        if group is not None:
+            print(f"streamdec: {len(names)} devices ({', '.join(names)}), {decoders[0].max_streams or 'no'} "
+                  "slots each; each new stream goes to the device with the most free slots", flush=True)  # fmt: skip
         print(f"streamdec: {decoder.mode} mode; warm-up {report.seconds:.1f} s, {report.graphs} graphs, "
               f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory, {state / 2**30:.2f} GiB of stream "
               f"state; capacity "
@@ -159,3 +157,38 @@ async def _start(server: StreamServer, config: ServerConfig) -> None:
             raise UsageError(f"cannot listen on {where}: that address is not on this machine; "
                              "use 127.0.0.1, 0.0.0.0 or one of this machine's addresses") from exc  # fmt: skip
         raise
+
+
+def _device_names(args: argparse.Namespace) -> list[str]:
+    """``--devices`` resolved to device names; without it, the one ``--device``."""
+    if not args.devices:
+        return [args.device]
+    import torch
+
+    from .placement import parse_devices
+
+    return parse_devices(args.devices, torch.cuda.device_count())
+
+
+def _set_precision(codec: Any, precision: str) -> str:
+    if precision == "auto":
+        return str(codec.use_auto_precision())
+    codec.precision = precision
+    return precision
+
+
+def _decoder(args: argparse.Namespace, codec: Any) -> Any:
+    """One StreamDecoder for ``codec``'s device, as the flags say."""
+    import streamdec
+
+    cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
+    options: dict[str, Any] = cuda_options if codec.pad_latent.device.type == "cuda" else {}
+    if args.engine == "simulated":
+        from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
+
+        options = {"engine": SimulatedEngine(codec, cost=SimulatedCost.parse(args.simulated_cost_ms))}
+    elif args.mode != "halo" and streamdec.supports_stateful(codec):
+        options["max_streams"] = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
+    return streamdec.StreamDecoder(
+        codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
+    )

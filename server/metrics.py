@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from streamdec.protocol import ErrorCode
 from streamdec.streaming import DecoderStats
 
-__all__ = ["Histogram", "ServerMetrics"]
+from .placement import DeviceLoad
+
+__all__ = ["Histogram", "ServerMetrics", "render_device_loads"]
 
 # Seconds; first audio is tens of ms on a GPU and up to seconds on a loaded CPU.
 _TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -195,3 +197,19 @@ class ServerMetrics:
             [f"streamdec_engine_queued_windows {engine.queued}"],
         )
         return "\n".join(out) + "\n"
+
+
+def render_device_loads(loads: list[DeviceLoad]) -> str:
+    """Per-device gauges (``--devices``): streams placed on each device and the slots it has."""
+    out = [
+        "# HELP streamdec_device_open_streams Streams placed on each device now.",
+        "# TYPE streamdec_device_open_streams gauge",
+        *(f'streamdec_device_open_streams{{device="{d.device}"}} {d.open_streams}' for d in loads),
+        "# HELP streamdec_device_capacity_streams Streams each device holds at most (its slots); -1: unbounded.",
+        "# TYPE streamdec_device_capacity_streams gauge",
+        *(
+            f'streamdec_device_capacity_streams{{device="{d.device}"}} {-1 if d.capacity is None else d.capacity}'
+            for d in loads
+        ),
+    ]
+    return "\n".join(out) + "\n"
