@@ -38,6 +38,7 @@ from streamdec.errors import (
     ServerError,
     ShapeError,
     StreamEndedError,
+    TooManyStreamsError,
 )
 from streamdec.io import pcm16
 
@@ -167,6 +168,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (DTypeError, ErrorCode.BAD_PAYLOAD),
     (StreamEndedError, ErrorCode.UNKNOWN_STREAM),
     (InputError, ErrorCode.BAD_PAYLOAD),
+    (TooManyStreamsError, ErrorCode.TOO_MANY_STREAMS),  # every stateful slot taken: refused, not queued
 )
 
 

@@ -12,6 +12,7 @@ from streamdec.codecs.stateful import StatefulNet, supports_stateful
 from streamdec.engine.scheduler import Scheduler
 from streamdec.engine.slots import SlotAllocator, StatePool
 from streamdec.errors import ConfigError, TooManyStreamsError
+from streamdec.protocol import ErrorCode, error_code_for
 from streamdec.session import StatefulSession, StepPolicy
 
 FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny", "vits-tiny"]
@@ -96,6 +97,11 @@ def test_slot_allocator_refuses_and_reuses() -> None:
     assert slots.take() == 0
     with pytest.raises(ConfigError):
         slots.give_back(5)
+
+
+def test_full_slots_map_to_the_too_many_streams_wire_code() -> None:
+    """A stream refused for want of a slot reaches a client as too_many_streams, not internal."""
+    assert error_code_for(TooManyStreamsError("all slots taken")) == ErrorCode.TOO_MANY_STREAMS
 
 
 def test_step_policy_shapes_and_validation() -> None:
