@@ -31,9 +31,10 @@ from torch import Tensor, nn
 from streamdec.codecs._random import init_conv, init_snake
 from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
-from streamdec.codecs.geometry import Interval, hull, residual, through
+from streamdec.codecs.geometry import Interval, hull, through
 from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
-from streamdec.codecs.stateful import Mean, Node, Residual, Seq, Stateless, layout_of
+from streamdec.codecs.residual import ResidualUnits
+from streamdec.codecs.stateful import Mean, Node, Seq, Stateless, layout_of
 from streamdec.errors import CodecError
 
 __all__ = [
@@ -140,7 +141,7 @@ def _conv(channels: int, kernel: int, dilation: int) -> PaddedConv1d:
     return PaddedConv1d(channels, channels, kernel, dilation=dilation, pad_left=pad, pad_right=pad)
 
 
-class AMPBlock(nn.Module):
+class AMPBlock(ResidualUnits):
     """AMPBlock1 (``convs1`` at the dilations, ``convs2`` at dilation 1) or AMPBlock2 (``convs`` only)."""
 
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], cfg: BigVGANConfig) -> None:
@@ -161,23 +162,6 @@ class AMPBlock(nn.Module):
             pairs = zip(self.convs1, self.convs2, strict=True)
             return [[acts[2 * i], c1, acts[2 * i + 1], c2] for i, (c1, c2) in enumerate(pairs)]
         return [[acts[i], c] for i, c in enumerate(self.convs)]
-
-    def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
-        for unit in self.units():
-            xt = x
-            for layer in unit:
-                xt = cast(Tensor, layer(xt))
-            x = xt + x
-        return x
-
-    def input_interval(self, lo: int, hi: int) -> Interval:
-        for unit in reversed(self.units()):
-            lo, hi = residual(unit, lo, hi)  # type: ignore[arg-type]
-        return lo, hi
-
-    def stream_layout(self) -> Node:
-        channels = _act_channels(self.activations[0])
-        return Seq([Residual(Seq([layout_of(m) for m in unit]), channels) for unit in self.units()])
 
 
 class _Stage:
@@ -282,7 +266,3 @@ class BigVGANGenerator(ConfiguredCodec):
 
 def _clamp(x: Tensor) -> Tensor:
     return x.clamp(-1.0, 1.0)
-
-
-def _act_channels(act: nn.Module) -> int:
-    return int(cast(AliasFreeActivation, act).act.alpha.numel())

@@ -41,9 +41,10 @@ from torch import Tensor, nn
 from streamdec.codecs._random import init_conv
 from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
-from streamdec.codecs.geometry import Interval, hull, residual, through
+from streamdec.codecs.geometry import Interval, hull, through
 from streamdec.codecs.layers import PaddedConv1d, PaddedConvTranspose1d, Pointwise
-from streamdec.codecs.stateful import Mean, Node, Residual, Seq, layout_of
+from streamdec.codecs.residual import ResidualUnits
+from streamdec.codecs.stateful import Mean, Node, Seq, layout_of
 from streamdec.errors import CheckpointError, CodecError, VoiceError
 
 __all__ = [
@@ -130,7 +131,7 @@ def _conv(channels: int, kernel: int, dilation: int) -> PaddedConv1d:
     return PaddedConv1d(channels, channels, kernel, dilation=dilation, pad_left=pad, pad_right=pad)
 
 
-class ResBlock(nn.Module):
+class ResBlock(ResidualUnits):
     """ResBlock2 (``convs`` at the dilations) or ResBlock1 (``convs1`` at the dilations, ``convs2`` at 1)."""
 
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], kind: str) -> None:
@@ -152,23 +153,6 @@ class ResBlock(nn.Module):
             pairs = zip(self.convs1, self.convs2, strict=True)
             return [[acts[2 * i], c1, acts[2 * i + 1], c2] for i, (c1, c2) in enumerate(pairs)]
         return [[acts[i], c] for i, c in enumerate(self.convs)]
-
-    def forward(self, x: Tensor) -> Tensor:  # [B, C, T] -> [B, C, T]
-        for unit in self.units():
-            xt = x
-            for layer in unit:
-                xt = cast(Tensor, layer(xt))
-            x = xt + x
-        return x
-
-    def input_interval(self, lo: int, hi: int) -> Interval:
-        for unit in reversed(self.units()):
-            lo, hi = residual(unit, lo, hi)  # type: ignore[arg-type]
-        return lo, hi
-
-    def stream_layout(self) -> Node:
-        channels = cast(PaddedConv1d, self.units()[0][1]).in_channels
-        return Seq([Residual(Seq([layout_of(m) for m in unit]), channels) for unit in self.units()])
 
 
 class _Stage:
