@@ -31,6 +31,7 @@ __all__ = [
     "NO_COMPILE",
     "NO_FUSED",
     "NO_GRAPHS",
+    "PACK_SHORT_ROWS",
     "REQUIRE_REF",
     "SETTINGS",
     "TOKEN",
@@ -122,6 +123,12 @@ TRITON_CONV = _switch(
     "STREAMDEC_TRITON_CONV", True, "import",
     "The split convolutions' Triton kernels (`tf32x3`, `fp16x3`); off, `tf32x3` runs the stacked cuDNN "
     "split (83 dB instead of 120 dB on a whole AuK decode) and `fp16x3` does the same.",
+)  # fmt: skip
+PACK_SHORT_ROWS = _switch(
+    "STREAMDEC_PACK_SHORT_ROWS", True, "import",
+    "Pack several short rows (a stateful step's few dozen samples) into one program of the float16 split "
+    "convolution and the fused activation; off, every row gets programs of its own, as whole clips do. "
+    "Results are bit-identical either way; the switch exists to measure the difference.",
 )  # fmt: skip
 TOKEN = _text(
     "STREAMDEC_TOKEN", "cli",

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from streamdec import settings
 from streamdec.kernels.sizing import pow2_block
 
 _INV_PI: tl.constexpr = tl.constexpr(0.3183098861837907)
@@ -73,14 +74,19 @@ def _load_at(base, i, last):
 # S they need once (2 + 10/K SnakeBetas per output instead of 12 when each output computes its own); outputs leave through a join as
 # one contiguous [BLOCK, 8] tile. Generated text (one line per value): shifts between named registers are
 # free, where a vector shift is not.
-@triton.jit(do_not_specialize=["C"])
+@triton.jit(do_not_specialize=["C", "R"])
 def _af_blocked_kernel(
-    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C,
-    BLOCK: tl.constexpr, K: tl.constexpr, WITH_PEAK: tl.constexpr,
+    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, R,
+    BLOCK: tl.constexpr, K: tl.constexpr, ROW_LANES: tl.constexpr, WITH_PEAK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
-    t_first = tl.program_id(1) * (BLOCK * K)
-    tb = t_first + tl.arange(0, BLOCK) * K  # first output of each lane
+    # Lanes are (row, block of K outputs) pairs, ROW_LANES lanes to a row: a program covers BLOCK // ROW_LANES
+    # rows, so rows shorter than a warp's K * 32 outputs (a stateful step's 20-60 samples) do not leave most
+    # lanes masked. Every output is computed by the same arithmetic whatever the packing.
+    lane = tl.arange(0, BLOCK)
+    row_wanted = tl.program_id(0) * (BLOCK // ROW_LANES) + lane // ROW_LANES
+    row_ok = row_wanted < R
+    row = tl.minimum(row_wanted, R - 1)  # lanes past the last row redo its work and store nothing
+    tb = tl.program_id(1) * (ROW_LANES * K) + (lane % ROW_LANES) * K  # first output of each lane
     c = row % C
     a = tl.load(a_ptr + c)
     b = tl.load(b_ptr + c)
@@ -186,14 +192,26 @@ def _af_blocked_kernel(
         [BLOCK, K],
     )
     t = tb[:, None] + tl.arange(0, K)[None, :]
-    tl.store(out_ptr + row_off + t, y, mask=t < T)
+    keep = (t < T) & row_ok[:, None]
+    tl.store(out_ptr + row_off[:, None] + t, y, mask=keep)
     if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row (see _row_amax_kernel)
-        bits = tl.where(t < T, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
-        tl.atomic_max(peak_ptr + row // C, tl.max(tl.max(bits, axis=1), axis=0))
+        bits = tl.where(keep, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
+        tl.atomic_max(peak_ptr + row // C, tl.max(bits, axis=1), mask=row_ok)
 
 
 BLOCKED_K = 8  # outputs per lane
 _MIN_LANES, _MAX_LANES = 32, 128  # one to four warps per program
+PACK_ROWS = settings.PACK_SHORT_ROWS.value()  # read once at import: captured graphs trace the launch
+
+
+def lane_plan(length: int) -> tuple[int, int]:
+    """``(lanes per row, lanes per program)`` for rows of ``length`` samples: one row per program of up to
+    four warps, or, for rows shorter than a warp covers, as many whole rows as four warps hold."""
+    need = triton.cdiv(length, BLOCKED_K)
+    if PACK_ROWS and need < _MIN_LANES:
+        return pow2_block(need, 1, _MIN_LANES), _MAX_LANES
+    lanes = pow2_block(need, _MIN_LANES, _MAX_LANES)
+    return lanes, lanes
 
 
 def launch_blocked(
@@ -209,9 +227,9 @@ def launch_blocked(
     One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
     ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
     rows, length = x.shape
-    lanes = pow2_block(triton.cdiv(length, BLOCKED_K), _MIN_LANES, _MAX_LANES)
-    grid = (rows, triton.cdiv(length, lanes * BLOCKED_K))
+    row_lanes, lanes = lane_plan(length)
+    grid = (triton.cdiv(rows, lanes // row_lanes), triton.cdiv(length, row_lanes * BLOCKED_K))
     _af_blocked_kernel[grid](
-        x, out, filt, a, b, out if peak is None else peak, length, a.shape[0],
-        BLOCK=lanes, K=BLOCKED_K, WITH_PEAK=peak is not None, num_warps=lanes // 32,
+        x, out, filt, a, b, out if peak is None else peak, length, a.shape[0], rows,
+        BLOCK=lanes, K=BLOCKED_K, ROW_LANES=row_lanes, WITH_PEAK=peak is not None, num_warps=lanes // 32,
     )  # fmt: skip

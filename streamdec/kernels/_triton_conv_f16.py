@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from streamdec import settings
 from streamdec.errors import ShapeError
 from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.f16_launch import Tiles, plan
@@ -42,12 +43,14 @@ from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 # class: sizes that vary layer by layer stay runtime values (with KSIZE a constexpr and every integer
 # specialised, auk-24k's 1 x 70 and 16 x 70 buckets needed 74 binaries, about a minute of cold start).
 # Only CP stays specialised: it is always a multiple of F16_CHANNEL_QUANTUM, so it costs no extra binary.
+PACK_ROWS = settings.PACK_SHORT_ROWS.value()  # read once at import: captured graphs trace the launch
+
 _RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK"]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
 def _conv1d_f16x3_kernel(
-    x_hi_desc,  # [B * TIN, CP] float16: scaled input heads, channels-last, channels padded to CP
+    x_hi_desc,  # [B * TIN, CP] (ROWS = 1) or [B, TIN, CP] float16: scaled input heads, channels-last, padded to CP
     x_lo_desc,  # same: tails
     w_hi_desc,  # [KSIZE * COUT, CP] float16: scaled weight heads, tap-major
     w_lo_desc,  # same: tails
@@ -71,20 +74,22 @@ def _conv1d_f16x3_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr,  # batch rows a program covers: BLOCK_N // ROWS samples of each (short rows packed)
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_z = tl.program_id(2)
     if SPLIT:
-        batch = pid_z // NCHUNK
+        batch = pid_z // NCHUNK * ROWS
         first = pid_z % NCHUNK
         last = first + 1
     else:
-        batch = pid_z
+        batch = pid_z * ROWS
         first = 0
         last = NCHUNK
+    ROW_N: tl.constexpr = BLOCK_N // ROWS
     m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
+    n0 = pid_n * ROW_N
     k_blocks = CP // BLOCK_K
     steps = KSIZE * k_blocks
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -98,24 +103,30 @@ def _conv1d_f16x3_kernel(
             # masks off (output t reads inputs t + tap * DIL < TIN of its own row).
             w_hi = w_hi_desc.load([tap * COUT + m0, c0])
             w_lo = w_lo_desc.load([tap * COUT + m0, c0])
-            x_hi = x_hi_desc.load([batch * TIN + n0 + tap * DIL, c0]).T  # [BLOCK_K, BLOCK_N], K-major
-            x_lo = x_lo_desc.load([batch * TIN + n0 + tap * DIL, c0]).T
+            if ROWS == 1:
+                x_hi = x_hi_desc.load([batch * TIN + n0 + tap * DIL, c0]).T  # [BLOCK_K, BLOCK_N], K-major
+                x_lo = x_lo_desc.load([batch * TIN + n0 + tap * DIL, c0]).T
+            else:  # a [ROWS, ROW_N, BLOCK_K] box: zero fill past each row's end and past the batch
+                x_hi = x_hi_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
+                x_lo = x_lo_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
             part = tl.dot(w_lo, x_hi)
             part = tl.dot(w_hi, x_lo, part)
             part = tl.dot(w_hi, x_hi, part)
             acc += part
         total += acc
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
+    cols = tl.arange(0, BLOCK_N)
+    rows = batch + cols // ROW_N  # each column's batch row
+    offs_n = n0 + cols % ROW_N
+    mask = (offs_m < COUT)[:, None] & ((offs_n < TOUT) & (rows < B))[None, :]
     # 32-bit offsets from the tile's corner (a 64-bit scalar): 64-bit ones per element would keep twice the
     # registers live through the epilogue, and with a residual to read, spill.
-    local = tl.arange(0, BLOCK_M)[:, None] * TOUT + tl.arange(0, BLOCK_N)[None, :]
+    local = tl.arange(0, BLOCK_M)[:, None] * TOUT + ((cols // ROW_N) * (COUT * TOUT) + cols % ROW_N)[None, :]
     if SPLIT:
         corner = ((first.to(tl.int64) * B + batch) * COUT + m0) * TOUT + n0
         tl.store(out_ptr + corner + local, total, mask=mask)
     else:
-        y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
+        y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, rows, offs_m, COUT, HAS_BIAS, B)
         corner = (batch.to(tl.int64) * COUT + m0) * TOUT + n0
         if HAS_RES:
             y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
@@ -123,11 +134,13 @@ def _conv1d_f16x3_kernel(
 
 
 @triton.jit
-def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS: tl.constexpr):
+def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS: tl.constexpr, B):
     """The scales back out (exact: powers of two), then the bias. A residual, if any, is added after,
-    rounded as ``residual + conv(x)`` would be: a separate float32 add."""
+    rounded as ``residual + conv(x)`` would be: a separate float32 add. ``batch`` holds each column's row
+    (one row for the whole tile unless short rows are packed)."""
     m_ok = offs_m < COUT
-    y = total * tl.load(w_inv_ptr + offs_m, mask=m_ok, other=1.0)[:, None] * tl.load(x_inv_ptr + batch)
+    x_inv = tl.load(x_inv_ptr + batch, mask=batch < B, other=1.0)
+    y = total * tl.load(w_inv_ptr + offs_m, mask=m_ok, other=1.0)[:, None] * x_inv[None, :]
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
     return y
@@ -163,7 +176,8 @@ def _chunk_sum_kernel(
     for _ in range(0, NCHUNK):
         total += tl.load(parts, mask=mask, other=0.0)
         parts += PLANE  # 64-bit pointer steps: no index overflow
-    y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS)
+    rows = batch + tl.zeros([BLOCK_N], dtype=tl.int32)
+    y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, rows, offs_m, COUT, HAS_BIAS, batch + 1)
     if HAS_RES:
         y += tl.load(res_ptr + offs, mask=mask, other=0.0)
     tl.store(y_ptr + offs, y, mask=mask)
@@ -300,6 +314,7 @@ def conv1d_f16x3(
     split: bool | None = None,
     residual: torch.Tensor | None = None,
     phases: int = 1,
+    pack: bool | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
@@ -307,8 +322,9 @@ def conv1d_f16x3(
     time (a transposed convolution run as s ordinary ones): ``y`` is [B, COUT // s, TOUT * s], channel
     ``p * (COUT // s) + c`` at ``y[:, c, p::s]``, and ``residual`` has that shape.
 
-    ``tiles`` and ``split`` override the launch (``scripts/bench_conv_kernels.py`` times candidates); by
-    default :func:`streamdec.kernels.f16_launch.plan` decides. Neither changes a single bit of the result.
+    ``tiles``, ``split`` and ``pack`` (short rows packed, default :data:`PACK_ROWS`) override the launch
+    (``scripts/bench_conv_kernels.py`` times candidates); by default :func:`streamdec.kernels.f16_launch.plan`
+    decides. None changes a single bit of the result.
     """
     batch, tin, cp = x_hi.shape
     ksize, cout, _ = w_hi.shape
@@ -319,7 +335,7 @@ def conv1d_f16x3(
                 f"{cout} output channels x {tout} samples in {phases} phases: need whole phase groups "
                 "and under 2**31 elements per batch row (the interleave's 32-bit offsets)"
             )
-        plain = conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split)
+        plain = conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack)
         out = interleave(plain, phases)
         return out if residual is None else residual + out
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
@@ -327,10 +343,16 @@ def conv1d_f16x3(
         return y
     sms = launch_sms(x_hi.device)
     launch = plan(
-        batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split
-    )
-    x_box, w_box = [launch.block_n, launch.block_k], [launch.block_m, launch.block_k]
-    x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo)]
+        batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split,
+        pack=pack if pack is not None else PACK_ROWS,
+    )  # fmt: skip
+    w_box = [launch.block_m, launch.block_k]
+    if launch.rows > 1:  # short rows packed: 3-D boxes, each row zero-filled past its own end
+        x_box = [launch.rows, launch.block_n // launch.rows, launch.block_k]
+        x_descs = [TensorDescriptor(x, [batch, tin, cp], [tin * cp, cp, 1], x_box) for x in (x_hi, x_lo)]
+    else:
+        x_box = [launch.block_n, launch.block_k]
+        x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo)]
     w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo)]
     bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
     res_arg = residual.contiguous() if residual is not None else y  # never read without HAS_RES
@@ -362,6 +384,7 @@ def conv1d_f16x3(
         BLOCK_M=launch.block_m,
         BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k,
+        ROWS=launch.rows,
         num_warps=launch.warps,
         num_stages=launch.stages,
     )

@@ -14,7 +14,11 @@ at batch 1, ``bench/results/h200/conv-launches-16x70.json`` at batch 16), each c
   tile is worth the shared memory), else 64-channel tiles with as many pipeline stages as let two
   programs share a multiprocessor (a 192-channel layer would leave a third of a 128 tile idle);
 - chunks as separate programs wherever that fills the last wave of programs noticeably better (the
-  768-channel layers at batch 16: 288 tiles are 2.2 waves on 132 multiprocessors, 864 chunks 6.5).
+  768-channel layers at batch 16: 288 tiles are 2.2 waves on 132 multiprocessors, 864 chunks 6.5);
+- rows shorter than the tile (a stateful step's 20-80 samples per stream) are packed: a program covers
+  8 samples of each of ``block_n // 8`` rows, so the weight tile it loads serves a full tile of outputs
+  and a row wastes at most 7 samples instead of up to three quarters of a tile. Packing is used where it
+  still leaves a program for every multiprocessor (large batches); it changes no result bit.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from typing import NamedTuple
 from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
 
 __all__ = [
-    "CHUNK_STEPS", "LARGE", "SMALL", "Launch", "Tiles", "block_k", "chunking", "default_tiles", "plan",
+    "CHUNK_STEPS", "LARGE", "PACK_ROW_N", "SMALL", "Launch", "Tiles", "block_k", "chunking", "default_tiles",
+    "plan",
 ]  # fmt: skip
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
 SHARED_PER_PAIR = 112 * 1024  # shared memory one of two programs on a Hopper multiprocessor may take
 SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fraction more
 _MIN_BLOCK_N = 32  # samples: the smallest output tile along time
+PACK_ROW_N = 8  # samples of each packed row per program: one 128-byte swizzle atom of the input box
 
 
 class Tiles(NamedTuple):
@@ -47,7 +53,8 @@ SMALL = Tiles(64, 64, 4, 3)  # 96 KiB: two
 
 
 class Launch(NamedTuple):
-    """Everything :func:`plan` decides; ``grid`` is (sample tiles, channel tiles, batch x programs per row)."""
+    """Everything :func:`plan` decides; ``grid`` is (sample tiles, channel tiles, row groups x programs per
+    group). A program covers ``rows`` batch rows, ``block_n // rows`` samples of each."""
 
     block_m: int
     block_n: int
@@ -58,6 +65,7 @@ class Launch(NamedTuple):
     chunks: int
     split: bool
     grid: tuple[int, int, int]
+    rows: int = 1
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -98,6 +106,20 @@ def _wave_fill(programs: int, slots: int) -> float:
     return programs / (_cdiv(programs, slots) * slots)
 
 
+def packed_tiles(batch: int, cout: int, tout: int, sms: int, bk: int = 64) -> Tiles | None:
+    """The tile for packing short rows (module docstring), or None where packing does not pay: rows that
+    fill a tile anyway, a single row, or a grid too small to give every multiprocessor a program."""
+    if batch < 2 or tout >= LARGE.block_n:
+        return None
+    for tile in (default_tiles(batch, cout, tout, sms, bk), SMALL):
+        if tout >= tile.block_n:
+            continue
+        rows = min(tile.block_n // PACK_ROW_N, pow2_block(batch, 1, tile.block_n))
+        if _cdiv(batch, rows) * _cdiv(tout, PACK_ROW_N) * _cdiv(cout, tile.block_m) >= sms:
+            return tile
+    return None
+
+
 def plan(
     *,
     batch: int,
@@ -108,21 +130,36 @@ def plan(
     sms: int,
     tiles: Tiles | None = None,
     split: bool | None = None,
+    pack: bool = True,
 ) -> Launch:
     """The launch of one call (``batch``, ``tout`` >= 1). ``tiles`` and ``split`` override the defaults;
-    the chunks run as separate programs by default when one program per tile would not fill the GPU."""
+    the chunks run as separate programs by default when one program per tile would not fill the GPU.
+    ``pack`` allows packing short rows (with ``tiles`` given, only into that tile)."""
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
-    t = tiles or default_tiles(batch, cout, tout, sms, bk)
-    block_m, block_n = pow2_block(cout, WARPGROUP_ROWS, t.block_m), pow2_block(tout, _MIN_BLOCK_N, t.block_n)
+    packed = (
+        (tiles if tout < tiles.block_n and batch > 1 else None)
+        if tiles
+        else packed_tiles(batch, cout, tout, sms, bk)
+    )
+    t = (packed if pack else None) or tiles or default_tiles(batch, cout, tout, sms, bk)
+    block_m = pow2_block(cout, WARPGROUP_ROWS, t.block_m)
+    if pack and packed is not None:
+        rows = min(t.block_n // PACK_ROW_N, pow2_block(batch, 1, t.block_n))
+        row_n = PACK_ROW_N
+        block_n = max(rows * row_n, 16)  # tl.dot's smallest extent
+        rows = block_n // row_n
+    else:
+        rows, block_n = 1, pow2_block(tout, _MIN_BLOCK_N, t.block_n)
+        row_n = block_n
     warps = min(t.warps if t.block_m > WARPGROUP_ROWS else 4, 4 * (block_m // WARPGROUP_ROWS))  # 4 per group
-    tiles_n, tiles_m = _cdiv(tout, block_n), _cdiv(cout, block_m)
+    tiles_n, tiles_m, groups = _cdiv(tout, row_n), _cdiv(cout, block_m), _cdiv(batch, rows)
     if split is None:
-        programs = tiles_n * tiles_m * batch
+        programs = tiles_n * tiles_m * groups
         slots = sms * max(1, SHARED_PER_PAIR * 2 // (_stage_bytes(block_m, block_n, bk) * t.stages))
         split = (
             programs < sms or _wave_fill(programs * chunks, slots) > _wave_fill(programs, slots) + SPLIT_GAIN
         )
     split = split and chunks > 1
-    grid = (tiles_n, tiles_m, batch * (chunks if split else 1))
-    return Launch(block_m, block_n, bk, warps, t.stages, per, chunks, split, grid)
+    grid = (tiles_n, tiles_m, groups * (chunks if split else 1))
+    return Launch(block_m, block_n, bk, warps, t.stages, per, chunks, split, grid, rows)

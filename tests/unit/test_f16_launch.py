@@ -50,11 +50,36 @@ def test_the_arithmetic_is_the_layers_whatever_the_launch(
 def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, object]) -> None:
     p = plan(**layer, **launch)  # type: ignore[arg-type]
     tiles_n, tiles_m, programs = p.grid
-    assert tiles_n * p.block_n >= layer["tout"] and (tiles_n - 1) * p.block_n < layer["tout"]
+    row_n = p.block_n // p.rows  # samples of each row a program covers
+    assert tiles_n * row_n >= layer["tout"] and (tiles_n - 1) * row_n < layer["tout"]
     assert tiles_m * p.block_m >= layer["cout"] and (tiles_m - 1) * p.block_m < layer["cout"]
-    assert programs == launch["batch"] * (p.chunks if p.split else 1)  # type: ignore[operator]
-    assert p.block_m >= 64 and p.block_n >= 32 and p.warps * 16 <= p.block_m  # a warpgroup per 64 rows
+    groups = -(-launch["batch"] // p.rows)  # type: ignore[operator]
+    assert programs == groups * (p.chunks if p.split else 1)
+    assert p.block_m >= 64 and p.block_n >= 16 and p.warps * 16 <= p.block_m  # a warpgroup per 64 rows
+    assert p.rows == 1 or (row_n == f16_launch.PACK_ROW_N and layer["tout"] < p.block_n)
     assert not p.split or p.chunks > 1
+
+
+@given(layers, launches)
+def test_packing_is_only_a_choice_of_programs(layer: dict[str, int], launch: dict[str, object]) -> None:
+    """Packed or not, the layer's arithmetic is the same; unpacked, every program covers one row."""
+    packed, alone = plan(**layer, **launch), plan(**layer, **launch, pack=False)  # type: ignore[arg-type]
+    assert (packed.block_k, packed.chunk_steps, packed.chunks) == (
+        alone.block_k,
+        alone.chunk_steps,
+        alone.chunks,
+    )
+    assert alone.rows == 1
+
+
+def test_a_stateful_steps_short_rows_are_packed_where_the_grid_stays_full() -> None:
+    """auk-24k's 768-channel stage in a 256-stream step of 4 frames: 20 samples a row. Packed, a
+    128-sample tile covers 8 samples of 16 rows (24 computed per row) instead of 32 samples of one."""
+    step = plan(batch=256, padded_channels=768, cout=768, tout=20, ksize=3, sms=132)
+    assert (step.rows, step.block_n, step.grid[0], step.grid[2]) == (16, 128, 3, 16)
+    assert plan(batch=256, padded_channels=768, cout=768, tout=20, ksize=3, sms=132, pack=False).rows == 1
+    assert plan(batch=2, padded_channels=768, cout=768, tout=20, ksize=3, sms=132).rows == 1  # grid too small
+    assert plan(batch=16, padded_channels=768, cout=768, tout=3500, ksize=3, sms=132).rows == 1  # long rows
 
 
 def test_auk_first_stage_runs_its_chunks_as_programs_when_that_fills_the_waves() -> None:
