@@ -161,6 +161,15 @@ class Stateful(Node):
         if self.state_len > 0:
             states.put(self.index, buffer[..., buffer.shape[-1] - self.state_len :])
 
+    def _keep_after(self, head: Tensor, x: Tensor, states: _States) -> None:
+        """Keep the last ``state_len`` samples of ``cat(head, x)`` without building it: a view of ``x`` when
+        the step is at least as long as the state, else the state's newer part and ``x``."""
+        n = x.shape[-1]
+        if n >= self.state_len:
+            states.put(self.index, x[..., n - self.state_len :])
+        else:
+            states.put(self.index, torch.cat([head[..., n:], x], dim=-1))
+
     def _buffer(self, x: Tensor, states: _States) -> Tensor:
         if self.state_len == 0:
             return x
@@ -208,12 +217,18 @@ class Leaf(Stateful):
         return out[..., : x.shape[-1] - self.b]
 
     def step(self, x: Tensor, states: _States) -> Tensor:
+        if self.state_len and isinstance(self.layer, AliasFreeActivation):
+            head = states.get(self.index)
+            self._keep_after(head, x, states)
+            return self.layer.window(head, x, self.a, x.shape[-1])
         buffer = self._buffer(x, states)
         self._keep(buffer, states)
         out: Tensor = self.layer(buffer)
         return out[..., self.a : self.a + x.shape[-1]]
 
     def flush(self, x: Tensor, states: _States) -> Tensor:
+        if self.state_len and isinstance(self.layer, AliasFreeActivation):
+            return self.layer.window(states.get(self.index), x, self.a, self.state_len + x.shape[-1] - self.a)
         out: Tensor = self.layer(self._buffer(x, states))
         return out[..., self.a :]
 
@@ -242,13 +257,18 @@ class Conv(Stateful):
         out: Tensor = self.conv(x)
         return out[..., : x.shape[-1] - self.right]
 
+    # Steps hand the kept history to the convolution as a separate head: the float16 kernel's input split
+    # reads history and new samples in place, so no concatenated buffer is written and read back.
     def step(self, x: Tensor, states: _States) -> Tensor:
-        buffer = self._buffer(x, states)
-        self._keep(buffer, states)
-        return self.conv.convolve(buffer, (0, 0))
+        if self.state_len == 0:
+            return self.conv.convolve(x, (0, 0))
+        head = states.get(self.index)
+        self._keep_after(head, x, states)
+        return self.conv.convolve(x, (0, 0), head)
 
     def flush(self, x: Tensor, states: _States) -> Tensor:
-        return self.conv.convolve(self._buffer(x, states), (0, self.conv.pad_right))
+        head = states.get(self.index) if self.state_len else None
+        return self.conv.convolve(x, (0, self.conv.pad_right), head)
 
 
 class ConvTranspose(Stateful):
@@ -311,9 +331,13 @@ class Delay(Stateful):
         return x[..., : x.shape[-1] - self.state_len]
 
     def step(self, x: Tensor, states: _States) -> Tensor:
-        buffer = self._buffer(x, states)
-        self._keep(buffer, states)
-        return buffer[..., : x.shape[-1]]
+        if self.state_len == 0:
+            return x
+        head, n = states.get(self.index), x.shape[-1]
+        self._keep_after(head, x, states)
+        if n <= self.state_len:
+            return head[..., :n]
+        return torch.cat([head, x[..., : n - self.state_len]], dim=-1)
 
     def flush(self, x: Tensor, states: _States) -> Tensor:
         return self._buffer(x, states)

@@ -66,19 +66,28 @@ def _sum6(c0, c1, c2, c3, c4, c5, x0, x1, x2, x3, x4, x5):
 
 
 @triton.jit
-def _load_at(base, i, last):
-    return tl.load(base + tl.minimum(tl.maximum(i, 0), last))
+def _load_at(base, head, i, last, H, HAS_HEAD: tl.constexpr):
+    """Sample ``clamp(i, 0, last)`` of the row ``cat(head, x)`` (``x`` at ``base``; ``H`` head samples)."""
+    j = tl.minimum(tl.maximum(i, 0), last)
+    if HAS_HEAD:  # one load from whichever part holds the sample
+        return tl.load(tl.where(j < H, head + j, base + (j - H)))
+    return tl.load(base + j)
 
 
 # v3 "blocked": every lane owns K = 8 consecutive outputs and computes the K + 5 even and K + 5 odd samples of
 # S they need once (2 + 10/K SnakeBetas per output instead of 12 when each output computes its own); outputs leave through a join as
 # one contiguous [BLOCK, 8] tile. Generated text (one line per value): shifts between named registers are
 # free, where a vector shift is not.
-@triton.jit(do_not_specialize=["C", "R"])
+@triton.jit(do_not_specialize=["C", "R", "H", "START", "N"])
 def _af_blocked_kernel(
-    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, R,
+    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, R, head_ptr, H, START, N,
     BLOCK: tl.constexpr, K: tl.constexpr, ROW_LANES: tl.constexpr, WITH_PEAK: tl.constexpr,
+    HAS_HEAD: tl.constexpr,
 ):  # fmt: skip
+    # A row is cat(head, x) (H + T samples; H = 0 without a head) and the kernel writes its outputs
+    # START .. START + N - 1 as a row of N: a stateful step's activation reads its kept history and new
+    # samples in place and computes only the outputs it keeps. START is 0 or at least 5 (the host checks):
+    # lanes are placed from START, and the left-edge fix-up below is only right for a lane at sample 0.
     # Lanes are (row, block of K outputs) pairs, ROW_LANES lanes to a row: a program covers BLOCK // ROW_LANES
     # rows, so rows shorter than a warp's K * 32 outputs (a stateful step's 20-60 samples) do not leave most
     # lanes masked. Every output is computed by the same arithmetic whatever the packing.
@@ -86,7 +95,7 @@ def _af_blocked_kernel(
     row_wanted = tl.program_id(0) * (BLOCK // ROW_LANES) + lane // ROW_LANES
     row_ok = row_wanted < R
     row = tl.minimum(row_wanted, R - 1)  # lanes past the last row redo its work and store nothing
-    tb = tl.program_id(1) * (ROW_LANES * K) + (lane % ROW_LANES) * K  # first output of each lane
+    tb = START + tl.program_id(1) * (ROW_LANES * K) + (lane % ROW_LANES) * K  # first output of each lane
     c = row % C
     a = tl.load(a_ptr + c)
     b = tl.load(b_ptr + c)
@@ -104,30 +113,30 @@ def _af_blocked_kernel(
     f11 = tl.load(f_ptr + 11)
     g0, g1, g2, g3, g4, g5 = 2.0 * f0, 2.0 * f1, 2.0 * f2, 2.0 * f3, 2.0 * f4, 2.0 * f5
     g6, g7, g8, g9, g10, g11 = 2.0 * f6, 2.0 * f7, 2.0 * f8, 2.0 * f9, 2.0 * f10, 2.0 * f11
-    row_off = row.to(tl.int64) * T
-    base = x_ptr + row_off
-    last = T - 1
+    base = x_ptr + row.to(tl.int64) * T
+    head = head_ptr + row.to(tl.int64) * H
+    last = H + T - 1
     # fmt: off
     # Clamped loads everywhere: an unclamped interior branch (as the staged kernel had) next to the join below
     # made Triton 3.6 segfault in make_ptx for some block sizes (seen on the H200 and reproduced offline).
-    xm8 = _load_at(base, tb + -8, last)
-    xm7 = _load_at(base, tb + -7, last)
-    xm6 = _load_at(base, tb + -6, last)
-    xm5 = _load_at(base, tb + -5, last)
-    xm4 = _load_at(base, tb + -4, last)
-    xm3 = _load_at(base, tb + -3, last)
-    xm2 = _load_at(base, tb + -2, last)
-    xm1 = _load_at(base, tb + -1, last)
-    xp0 = _load_at(base, tb, last)
-    xp1 = _load_at(base, tb + 1, last)
-    xp2 = _load_at(base, tb + 2, last)
-    xp3 = _load_at(base, tb + 3, last)
-    xp4 = _load_at(base, tb + 4, last)
-    xp5 = _load_at(base, tb + 5, last)
-    xp6 = _load_at(base, tb + 6, last)
-    xp7 = _load_at(base, tb + 7, last)
-    xp8 = _load_at(base, tb + 8, last)
-    xp9 = _load_at(base, tb + 9, last)
+    xm8 = _load_at(base, head, tb + -8, last, H, HAS_HEAD)
+    xm7 = _load_at(base, head, tb + -7, last, H, HAS_HEAD)
+    xm6 = _load_at(base, head, tb + -6, last, H, HAS_HEAD)
+    xm5 = _load_at(base, head, tb + -5, last, H, HAS_HEAD)
+    xm4 = _load_at(base, head, tb + -4, last, H, HAS_HEAD)
+    xm3 = _load_at(base, head, tb + -3, last, H, HAS_HEAD)
+    xm2 = _load_at(base, head, tb + -2, last, H, HAS_HEAD)
+    xm1 = _load_at(base, head, tb + -1, last, H, HAS_HEAD)
+    xp0 = _load_at(base, head, tb, last, H, HAS_HEAD)
+    xp1 = _load_at(base, head, tb + 1, last, H, HAS_HEAD)
+    xp2 = _load_at(base, head, tb + 2, last, H, HAS_HEAD)
+    xp3 = _load_at(base, head, tb + 3, last, H, HAS_HEAD)
+    xp4 = _load_at(base, head, tb + 4, last, H, HAS_HEAD)
+    xp5 = _load_at(base, head, tb + 5, last, H, HAS_HEAD)
+    xp6 = _load_at(base, head, tb + 6, last, H, HAS_HEAD)
+    xp7 = _load_at(base, head, tb + 7, last, H, HAS_HEAD)
+    xp8 = _load_at(base, head, tb + 8, last, H, HAS_HEAD)
+    xp9 = _load_at(base, head, tb + 9, last, H, HAS_HEAD)
     # Even phase E[u] = S(2(tb+u)), u = -5..K-1: taps g1..g11 over x[tb+u+2 .. tb+u-3].
     em5 = _snake(_sum6(g1, g3, g5, g7, g9, g11, xm3, xm4, xm5, xm6, xm7, xm8), a, b)
     em4 = _snake(_sum6(g1, g3, g5, g7, g9, g11, xm2, xm3, xm4, xm5, xm6, xm7), a, b)
@@ -192,8 +201,8 @@ def _af_blocked_kernel(
         [BLOCK, K],
     )
     t = tb[:, None] + tl.arange(0, K)[None, :]
-    keep = (t < T) & row_ok[:, None]
-    tl.store(out_ptr + row_off[:, None] + t, y, mask=keep)
+    keep = (t < START + N) & row_ok[:, None]
+    tl.store(out_ptr + (row.to(tl.int64) * N)[:, None] + (t - START), y, mask=keep)
     if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row (see _row_amax_kernel)
         bits = tl.where(keep, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
         tl.atomic_max(peak_ptr + row // C, tl.max(bits, axis=1), mask=row_ok)
@@ -221,15 +230,25 @@ def launch_blocked(
     b: torch.Tensor,
     out: torch.Tensor,
     peak: torch.Tensor | None = None,
+    head: torch.Tensor | None = None,
+    start: int = 0,
 ) -> None:
-    """``x``, ``out``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``.
+    """``x``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``;
+    ``out``: contiguous ``[R, N]``, outputs ``start .. start + N - 1`` of the activation of each row
+    ``cat(head, x)`` (``head``, contiguous ``[R, H]``, may be None; ``start`` is 0 or at least 5).
 
     One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
     ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
     rows, length = x.shape
-    row_lanes, lanes = lane_plan(length)
-    grid = (triton.cdiv(rows, lanes // row_lanes), triton.cdiv(length, row_lanes * BLOCKED_K))
+    count = out.shape[1]
+    if 0 < start < 5:
+        raise ValueError(f"an output window starting at {start}: start at 0 or at least 5")
+    kept = 0 if head is None else head.shape[1]
+    row_lanes, lanes = lane_plan(count)
+    grid = (triton.cdiv(rows, lanes // row_lanes), triton.cdiv(count, row_lanes * BLOCKED_K))
     _af_blocked_kernel[grid](
         x, out, filt, a, b, out if peak is None else peak, length, a.shape[0], rows,
-        BLOCK=lanes, K=BLOCKED_K, ROW_LANES=row_lanes, WITH_PEAK=peak is not None, num_warps=lanes // 32,
+        x if head is None else head, kept, start, count,
+        BLOCK=lanes, K=BLOCKED_K, ROW_LANES=row_lanes, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
+        num_warps=lanes // 32,
     )  # fmt: skip

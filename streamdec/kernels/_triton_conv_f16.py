@@ -231,14 +231,16 @@ def _row_amax_kernel(x_ptr, amax_ptr, ROW, BLOCK: tl.constexpr):
     tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
 
 
-@triton.jit(do_not_specialize=["C", "T", "PAD_LEFT", "T_OUT"])
+@triton.jit(do_not_specialize=["C", "H", "T", "PAD_LEFT", "T_OUT"])
 def _split_kernel(
-    x_ptr,  # [B, C, T] float32, contiguous
+    head_ptr,  # [B, C, H] float32, contiguous: the input's first H samples (a stream's kept history)
+    x_ptr,  # [B, C, T] float32, contiguous: the rest
     amax_ptr,  # [B] int32: bits of each row's peak
-    hi_ptr,  # [B, T_OUT, CP] float16, channels-last: T_OUT = PAD_LEFT + T + right padding
+    hi_ptr,  # [B, T_OUT, CP] float16, channels-last: T_OUT = PAD_LEFT + H + T + right padding
     lo_ptr,
     inv_ptr,  # [B] float32: 2**-k
     C,
+    H,
     T,
     CP,
     PAD_LEFT,
@@ -246,8 +248,9 @@ def _split_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
-    """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded input, bit for bit, in one
-    pass: the padding is written here (zeros split to zeros), never as a padded float32 copy."""
+    """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded ``cat(head, x)``, bit for bit, in
+    one pass: the padding is written here (zeros split to zeros) and the two parts are read where they
+    are, never copied into one padded float32 buffer."""
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     row = tl.program_id(2)
@@ -255,12 +258,20 @@ def _split_kernel(
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_out = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_t = offs_out - PAD_LEFT
-    t_ok = ((offs_t >= 0) & (offs_t < T))[None, :]
+    c_ok = (offs_c < C)[:, None]
+    in_head = ((offs_t >= 0) & (offs_t < H))[None, :]
+    in_x = ((offs_t >= H) & (offs_t < H + T))[None, :]
     x = tl.load(
-        x_ptr + (row.to(tl.int64) * C + offs_c[:, None]) * T + offs_t[None, :],
-        mask=(offs_c < C)[:, None] & t_ok,
+        x_ptr + (row.to(tl.int64) * C + offs_c[:, None]) * T + (offs_t - H)[None, :],
+        mask=c_ok & in_x,
         other=0.0,  # the padding samples and channels
     )
+    kept = tl.load(
+        head_ptr + (row.to(tl.int64) * C + offs_c[:, None]) * H + offs_t[None, :],
+        mask=c_ok & in_head,
+        other=0.0,
+    )
+    x = tl.where(in_head, kept, x)
     scaled = (x * scale).to(tl.int32, bitcast=True)
     hi = ((scaled + 4096) & -8192).to(tl.float32, bitcast=True)  # split_tf32's rounding: 10 mantissa bits
     lo = scaled.to(tl.float32, bitcast=True) - hi
@@ -273,29 +284,38 @@ def _split_kernel(
 
 
 def split_f16(
-    x: torch.Tensor, pad_left: int = 0, pad_right: int = 0, peak: torch.Tensor | None = None
+    x: torch.Tensor,
+    pad_left: int = 0,
+    pad_right: int = 0,
+    peak: torch.Tensor | None = None,
+    head: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
-    :func:`streamdec.kernels.split.split_input_f16` of ``F.pad(x, (pad_left, pad_right))``, in two
-    kernels (a row-peak pass, then the split) rather than the handful of elementwise ones, nothing for
-    ``torch.compile`` to generate per layer, and no padded copy of ``x``. ``peak`` (int32 ``[B]``, the
-    float32 bits of each row's largest ``|x|``, as the fused activation hands them over) skips the first."""
+    :func:`streamdec.kernels.split.split_input_f16` of ``F.pad(cat(head, x), (pad_left, pad_right))``
+    (``head``, ``[B, C, H]``, may be None), in two kernels (a row-peak pass, then the split) rather than the
+    handful of elementwise ones, nothing for ``torch.compile`` to generate per layer, and no padded or
+    concatenated copy. ``peak`` (int32 ``[B]``, the float32 bits of each row's largest ``|x|``, as the
+    fused activation hands them over) skips the first; it must cover ``head`` too."""
     batch, channels, samples = x.shape
     x = x.contiguous()
+    head = x[..., :0] if head is None else head.contiguous()
+    kept = head.shape[-1]
     padded = channels + (-channels % F16_CHANNEL_QUANTUM)
-    length = pad_left + samples + pad_right
+    length = pad_left + kept + samples + pad_right
     amax = peak if peak is not None else torch.zeros(batch, dtype=torch.int32, device=x.device)
     hi = torch.empty(batch, length, padded, dtype=torch.float16, device=x.device)
     lo = torch.empty_like(hi)
     inverse = torch.empty(batch, dtype=torch.float32, device=x.device)
     if batch == 0 or length == 0:
         return hi, lo, inverse
-    row = channels * samples
-    if row > 0 and peak is None:  # a row of padding only has peak 0, as the zeroed amax says
-        _row_amax_kernel[(triton.cdiv(row, 4096), batch)](x, amax, row, BLOCK=4096, num_warps=8)
+    if peak is None:  # a row of padding only has peak 0, as the zeroed amax says
+        for part in (head, x):
+            row = channels * part.shape[-1]
+            if row > 0:
+                _row_amax_kernel[(triton.cdiv(row, 4096), batch)](part, amax, row, BLOCK=4096, num_warps=8)
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](
-        x, amax, hi, lo, inverse, channels, samples, padded, pad_left, length,
+        head if kept else x, x, amax, hi, lo, inverse, channels, kept, samples, padded, pad_left, length,
         BLOCK_C=32, BLOCK_T=64, num_warps=4,
     )  # fmt: skip
     return hi, lo, inverse

@@ -121,6 +121,58 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Ten
     return _run_cuda(x, filt, alpha_exp, beta_inv, peak=peak), peak
 
 
+@torch.library.custom_op("streamdec::alias_free_activation_window", mutates_args=())
+def alias_free_activation_window(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int
+) -> Tensor:
+    """``alias_free_activation(cat(head, x))[..., start : start + length]`` without the concatenation or
+    the outputs outside the window: a stateful step's activation of its kept history (``head``,
+    ``[B, C, H]``) and new samples. ``start`` is 0 or at least 5; the window must lie inside the row."""
+    _check_window(head, x, start, length)
+    whole = torch.cat([head, x], dim=-1)
+    _check(whole, filt, alpha_exp, beta_inv)
+    return polyphase_reference(whole, filt, alpha_exp, beta_inv)[..., start : start + length]
+
+
+def _check_window(head: Tensor, x: Tensor, start: int, length: int) -> None:
+    if head.dim() != 3 or x.dim() != 3 or head.shape[:2] != x.shape[:2]:
+        raise ShapeError(
+            f"alias_free_activation_window needs head and x of one batch and channel count, got "
+            f"{tuple(head.shape)} and {tuple(x.shape)}"
+        )
+    total = head.shape[-1] + x.shape[-1]
+    if not (start == 0 or start >= 5) or length < 1 or start + length > total:
+        raise ShapeError(
+            f"alias_free_activation_window: outputs {start} .. {start + length - 1} of a row of {total} "
+            "(the window starts at 0 or at 5 or later, and lies inside the row)"
+        )
+
+
+@alias_free_activation_window.register_fake
+def _(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int
+) -> Tensor:
+    return x.new_empty(x.shape[0], x.shape[1], length)
+
+
+@alias_free_activation_window.register_kernel("cuda")
+def _(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int
+) -> Tensor:
+    _check_window(head, x, start, length)
+    _check(x, filt, alpha_exp, beta_inv)
+    from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
+
+    batch, channels, samples = x.shape
+    flat = x.contiguous().view(batch * channels, samples)
+    kept = head.contiguous().view(batch * channels, head.shape[-1]) if head.shape[-1] else None
+    out = flat.new_empty(batch * channels, length)
+    args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
+    with torch.cuda.device(x.device):
+        tk.launch_blocked(*args, None, kept, start)
+    return out.view(batch, channels, length)
+
+
 def polyphase_reference(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
     """The activation computed in the kernels' polyphase form with plain PyTorch ops (an oracle).
 

@@ -128,10 +128,10 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int, 
 
 
 def _f16_out_shape(
-    x: Tensor, w_hi: Tensor, dilation: int, pad_left: int, pad_right: int, phases: int
+    x: Tensor, w_hi: Tensor, dilation: int, pad_left: int, pad_right: int, phases: int, kept: int = 0
 ) -> tuple[int, int, int]:
     ksize, cout, _ = w_hi.shape
-    tout = pad_left + x.shape[2] + pad_right - (ksize - 1) * dilation
+    tout = pad_left + kept + x.shape[2] + pad_right - (ksize - 1) * dilation
     return x.shape[0], cout // phases, tout * phases
 
 
@@ -147,7 +147,14 @@ def _check_f16(
     residual: Tensor | None = None,
     peak: Tensor | None = None,
     phases: int = 1,
+    head: Tensor | None = None,
 ) -> None:
+    if head is not None and (head.dim() != 3 or head.shape[:2] != x.shape[:2] or head.dtype != x.dtype):
+        raise ShapeError(
+            f"conv1d_split_f16: a head of {tuple(head.shape)} {head.dtype} before x of {tuple(x.shape)} "
+            f"{x.dtype}: it needs x's batch, channels and dtype"
+        )
+    kept = 0 if head is None else head.shape[2]
     if x.dim() != 3 or w_hi.dim() != 3 or w_hi.shape != w_lo.shape:
         raise ShapeError(
             f"conv1d_split_f16 needs x [B, Cin, T] and w_hi, w_lo [k, Cout, Cin'] of one shape, got "
@@ -163,16 +170,16 @@ def _check_f16(
         (bias is not None and bias.shape != (cout,))
         or dilation < 1
         or min(pad_left, pad_right) < 0
-        or pad_left + x.shape[2] + pad_right < (ksize - 1) * dilation + 1
+        or pad_left + kept + x.shape[2] + pad_right < (ksize - 1) * dilation + 1
     ):
         raise ShapeError(
-            f"conv1d_split_f16: {x.shape[2]} samples padded by ({pad_left}, {pad_right}), a {ksize}-tap "
+            f"conv1d_split_f16: {kept} + {x.shape[2]} samples padded by ({pad_left}, {pad_right}), a {ksize}-tap "
             f"kernel at dilation {dilation}, bias {None if bias is None else tuple(bias.shape)} for {cout} "
             "outputs"
         )
     if phases < 1 or cout % phases:
         raise ShapeError(f"conv1d_split_f16: {cout} output channels do not make {phases} phase groups")
-    out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases)
+    out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases, kept)
     if residual is not None and tuple(residual.shape) != out_shape:
         raise ShapeError(
             f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
@@ -201,6 +208,7 @@ def conv1d_split_f16(
     residual: Tensor | None = None,
     peak: Tensor | None = None,
     phases: int = 1,
+    head: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -218,9 +226,15 @@ def conv1d_split_f16(
     ``phases`` = s > 1 reads the ``Cout`` outputs as s groups (phases) of ``Cout // s`` and interleaves
     them in time, as a transposed convolution run as s ordinary ones needs: the result is
     ``[B, Cout // s, s * T']``, output channel ``p * (Cout // s) + c`` at ``[:, c, p::s]``. On CUDA one
-    Triton pass after the conv does it, writing contiguously."""
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases)
+    Triton pass after the conv does it, writing contiguously.
+
+    ``head`` (``[B, Cin, H]``), if given, comes before ``x`` in time: the convolution is of
+    ``cat(head, x)``, which the split reads in place (a stateful stream's kept history and its new
+    samples, never copied into one buffer)."""
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head)
     weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
+    if head is not None:
+        x = torch.cat([head, x], dim=-1)
     out = F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
     out = interleave_phases(out, phases)
     return out if residual is None else residual + out
@@ -248,8 +262,10 @@ def _(
     residual: Tensor | None = None,
     peak: Tensor | None = None,
     phases: int = 1,
+    head: Tensor | None = None,
 ) -> Tensor:
-    return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases))
+    kept = 0 if head is None else head.shape[2]
+    return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases, kept))
 
 
 @conv1d_split_f16.register_kernel("cuda")
@@ -265,12 +281,13 @@ def _(
     residual: Tensor | None = None,
     peak: Tensor | None = None,
     phases: int = 1,
+    head: Tensor | None = None,
 ) -> Tensor:
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases)
+    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak)
+        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak, head)
         return tc.conv1d_f16x3(
             x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases
         )
@@ -286,10 +303,11 @@ def split_conv1d_f16(
     residual: Tensor | None = None,
     peak: Tensor | None = None,
     phases: int = 1,
+    head: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
-    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak`` and ``phases`` as the op
-    takes them.
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases`` and ``head``
+    as the op takes them.
 
     Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
     row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
@@ -297,6 +315,6 @@ def split_conv1d_f16(
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head
     )
     return out

@@ -259,3 +259,21 @@ def test_packed_tiles_are_what_the_step_buckets_get() -> None:
         batch=256, padded_channels=768, cout=768, tout=20, ksize=3, sms=tc.launch_sms(torch.device("cuda"))
     )
     assert launch.rows > 1
+
+
+@pytest.mark.parametrize(
+    ("kept", "tout", "pads"), [(50, 20, (0, 0)), (2, 20, (0, 0)), (6, 80, (0, 3)), (30, 4, (0, 0))]
+)
+def test_a_head_is_read_in_place_as_if_concatenated(kept: int, tout: int, pads: tuple[int, int]) -> None:
+    """``head`` before ``x`` (a stream's kept history and its new samples) gives the bits of the
+    convolution of ``cat(head, x)``, at a batch that packs rows and at one that does not."""
+    for batch in (256, 3):
+        gen = torch.Generator().manual_seed(kept + tout)
+        head = (torch.randn(batch, 768, kept, generator=gen) * 4).cuda()
+        x = torch.randn(batch, 768, tout, generator=gen).cuda()
+        w = (torch.randn(768, 768, 3, generator=gen) / 48).cuda()
+        packed, inverse = pack_split_weight_f16(w)
+        with torch.inference_mode():
+            ours = split_conv1d_f16(x, packed, inverse, None, 1, pads, head=head)
+            cat = split_conv1d_f16(torch.cat([head, x], -1), packed, inverse, None, 1, pads)
+        assert torch.equal(ours, cat), batch

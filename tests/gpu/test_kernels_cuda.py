@@ -202,3 +202,27 @@ def test_packed_short_rows_give_the_same_bits(length: int, monkeypatch: pytest.M
         results.append((out, peak))
     (out0, peak0), (out1, peak1) = results
     assert torch.isfinite(out1).all() and torch.equal(out0, out1) and torch.equal(peak0, peak1)
+
+
+@pytest.mark.parametrize(
+    ("kept", "length", "start"), [(10, 20, 8), (10, 4, 0), (10, 80, 9), (10, 1280, 8), (0, 37, 0)]
+)
+def test_window_reads_history_in_place_and_keeps_only_its_outputs(kept: int, length: int, start: int) -> None:
+    """The windowed op equals the whole activation of ``cat(head, x)``, cropped: bit for bit where the
+    window keeps the whole row's 8-output lane blocks, and within the kernel's 1e-5 bound where it starts
+    between them (each output is the same sum, but its place in a lane's block decides which products
+    the compiler fuses into FMAs)."""
+    act = _activation(48, kept + length)
+    head = torch.randn(64, 48, kept, device="cuda") * 2
+    x = torch.randn(64, 48, length, device="cuda") * 2
+    count = kept + length - start - 1
+    whole = torch.ops.streamdec.alias_free_activation(
+        torch.cat([head, x], -1), act.filter, act.act.alpha_exp, act.act.beta_inv
+    )
+    window = torch.ops.streamdec.alias_free_activation_window(
+        head, x, act.filter, act.act.alpha_exp, act.act.beta_inv, start, count
+    )
+    if start % 8 == 0:
+        assert torch.equal(window, whole[..., start : start + count])
+    else:
+        assert (window - whole[..., start : start + count]).abs().max().item() <= 1e-5

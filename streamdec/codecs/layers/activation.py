@@ -201,6 +201,19 @@ class AliasFreeActivation(nn.Module):
             return out, peak
         return self(x), None
 
+    def window(self, head: Tensor, x: Tensor, start: int, length: int) -> Tensor:
+        """``self(cat(head, x))[..., start : start + length]``: where the causal fused op runs, computed in
+        one pass that reads ``head`` and ``x`` in place and writes only the window (a stateful step keeps
+        a history and computes only the outputs whose reach has arrived)."""
+        fused = self.causal and self.use_fused and routing.fused_supported(x)
+        if fused and (start == 0 or start >= 5) and length >= 1:
+            out: Tensor = torch.ops.streamdec.alias_free_activation_window(
+                head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length
+            )
+            return out
+        whole: Tensor = self(torch.cat([head, x], dim=-1))
+        return whole[..., start : start + length]
+
     def _centred_from_causal(self, x: Tensor) -> Tensor:  # [B, C, T >= 16] -> [B, C, T]
         """The centred activation through the causal fused op (same values up to float32 rounding).
 

@@ -87,8 +87,10 @@ class SplitConv(nn.Module):
         residual: Tensor | None = None,
         peak: Tensor | None = None,
         phases: int = 1,
+        head: Tensor | None = None,
     ) -> Tensor:
-        """``x`` zero-padded by ``pads`` through this layer's ordinary-convolution form (then
+        """``cat(head, x)`` (``head`` may be None) zero-padded by ``pads`` through this layer's
+        ordinary-convolution form (then
         ``residual +`` it), on whichever kernel holds it; ``phases`` > 1 interleaves the output's phase
         groups in time (a transposed convolution's phases, see ``conv1d_split_f16``). The float16 op pads
         as it splits, adds the residual in its epilogue and takes ``x``'s row peaks from ``peak`` when
@@ -96,10 +98,12 @@ class SplitConv(nn.Module):
         if self.packed_f16 is not None:
             assert self.f16_inverse is not None  # set with packed_f16
             out: Tensor = split_conv1d_f16(
-                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases
+                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases, head
             )
             return out
         assert self.packed_split is not None  # on_triton held
+        if head is not None:
+            x = torch.cat([head, x], dim=-1)
         out = split_conv1d(F.pad(x, pads), self.packed_split, bias, dilation, phases)
         return out if residual is None else residual + out
 
@@ -156,12 +160,16 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         return self.convolve(x, (self.pad_left, self.pad_right))
 
     def convolve(
-        self, x: Tensor, pads: tuple[int, int]
-    ) -> Tensor:  # [B, Cin, T] -> [B, Cout, T + pads - (k-1)*d]
-        """This convolution with ``pads`` zeros around ``x`` instead of its own padding (stateful streaming
-        convolves a kept history with none), on whichever path this layer takes."""
+        self, x: Tensor, pads: tuple[int, int], head: Tensor | None = None
+    ) -> Tensor:  # [B, Cin, H + T] -> [B, Cout, H + T + pads - (k-1)*d]
+        """This convolution of ``cat(head, x)`` (``head`` may be None) with ``pads`` zeros around it instead
+        of its own padding, on whichever path this layer takes. Stateful streaming convolves a stream's
+        kept history (``head``) and its new samples with none; the float16 kernel reads the two where
+        they lie."""
         if self.on_triton(x):
-            return self.triton_conv(x, self.bias, self.dilation[0], pads)
+            return self.triton_conv(x, self.bias, self.dilation[0], pads, head=head)
+        if head is not None:
+            x = torch.cat([head, x], dim=-1)
         x = F.pad(x, pads)
         if self.split_weight is not None and self.splits(x):
             return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
