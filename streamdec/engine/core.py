@@ -85,8 +85,8 @@ class DecodeEngine(Engine):
       a GPU, where the host only copies and converts).
     * ``hold_lead`` - while a replay is in flight, work whose deadline is further away than this
       (seconds) plus two measured replays of the bucket it fills waits for more work to share its
-      replay, until the largest bucket is full (default 0.04; None: dispatch at once). A GPU holds when idle
-      too, a CPU only while busy; whole-clip windows and stateful primes are due at once.
+      replay, until the largest bucket is full (default 0.04; None: dispatch at once). An idle device never
+      waits; whole-clip windows and stateful primes are due at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
@@ -391,13 +391,10 @@ class DecodeEngine(Engine):
                 if self._closed:
                     return None
                 if self._inflight < self.max_inflight and self._scheduler.pending:
-                    # Let the next batch fill up until its deadline nears. On a GPU that holds when the
-                    # device is idle too: a replay's fixed cost (a 16-stream step costs two thirds of a
-                    # 64-stream one) is paid per launch, so launching whatever trickled in since the last
-                    # one keeps batches small and the device saturated well below its capacity. On a
-                    # CPU, cost grows with rows, so an idle CPU takes whatever is queued at once.
-                    holds = self.hold_lead is not None and (self._inflight > 0 or self.device.type == "cuda")
-                    wait = self._scheduler.hold(time.monotonic(), self._lead) if holds else None
+                    # While a replay is in flight the device is busy anyway: let the next batch fill up
+                    # until its deadline nears. An idle device takes whatever is queued at once.
+                    busy = self._inflight > 0 and self.hold_lead is not None
+                    wait = self._scheduler.hold(time.monotonic(), self._lead) if busy else None
                     if wait is not None:
                         self._cond.wait(timeout=wait)
                         continue
