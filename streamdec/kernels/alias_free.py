@@ -131,7 +131,7 @@ def alias_free_activation_window(
     _check_window(head, x, start, length)
     whole = torch.cat([head, x], dim=-1)
     _check(whole, filt, alpha_exp, beta_inv)
-    return polyphase_reference(whole, filt, alpha_exp, beta_inv)[..., start : start + length]
+    return polyphase_reference(whole, filt, alpha_exp, beta_inv)[..., start : start + length].contiguous()
 
 
 def _check_window(head: Tensor, x: Tensor, start: int, length: int) -> None:

@@ -173,3 +173,35 @@ def test_cpu_layer_never_calls_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     assert audio.shape == (1, codec.channels, 6 * codec.hop_size)
     assert not any("alias_free" in name for name in rec.names)
     assert any("conv_transpose1d" in name or "convolution" in name for name in rec.names)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kept=st.integers(0, 12), length=st.integers(1, 40), start=st.integers(0, 30), seed=st.integers(0, 2**16)
+)
+def test_window_op_is_the_activation_of_history_and_input_cropped(
+    kept: int, length: int, start: int, seed: int
+) -> None:
+    """``alias_free_activation_window`` = the activation of ``cat(head, x)``, outputs ``start ..``; the
+    layer's ``window`` gives the same where the op does not run; a bad window is a typed error."""
+    act = _activation(3, seed)
+    gen = torch.Generator().manual_seed(seed)
+    head, x = torch.randn(2, 3, kept, generator=gen), torch.randn(2, 3, length, generator=gen)
+    whole = act(torch.cat([head, x], -1))
+    count = kept + length - start
+    if count < 1 or 0 < start < 5:
+        with pytest.raises(ShapeError):
+            torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, max(count, 1))
+        return
+    out = torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, count)
+    assert out.shape == (2, 3, count)
+    assert (out - whole[..., start:]).abs().max().item() <= 1e-5
+    assert torch.equal(act.window(head, x, start, count), whole[..., start:])
+
+
+def test_window_op_opcheck_cpu() -> None:
+    act = _activation(4, 6)
+    head, x = torch.randn(2, 4, 10), torch.randn(2, 4, 20)
+    torch.library.opcheck(
+        torch.ops.streamdec.alias_free_activation_window.default, (head, x, *_op_args(act), 8, 21)
+    )

@@ -390,3 +390,19 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", interpreted)
     codec.precision = "fp16x3"
     torch.testing.assert_close(codec.decode(z), plain, atol=1e-5, rtol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(conv_shapes, pads, st.integers(0, 30))
+def test_op_convolves_a_head_before_the_input(p: dict[str, int], pad: tuple[int, int], kept: int) -> None:
+    """``head`` comes before ``x`` in time: the op convolves ``cat(head, x)``; a head that does not match
+    ``x``'s batch, channels or dtype is a typed error."""
+    x, w, bias = conv_case(p)
+    head = torch.randn(p["batch"], p["cin"], kept, generator=torch.Generator().manual_seed(p["seed"]))
+    packed, inverse = pack_split_weight_f16(w)
+    out = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, head=head)
+    assert torch.equal(
+        out, split_conv1d_f16(torch.cat([head, x], -1), packed, inverse, bias, p["dilation"], pad)
+    )
+    with pytest.raises(ShapeError):
+        split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, head=torch.cat([head, head]))
