@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import wave
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 import torch
@@ -139,3 +142,46 @@ async def test_say_command_names_a_server_without_a_voice(tmp_path: Path) -> Non
     assert child.returncode == 2
     assert "no_voice" in stderr.decode() and "--voice piper-joe" in stderr.decode()
     assert not (tmp_path / "x.wav").exists()
+
+
+def _serve(*flags: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "streamdec", "serve", "--port", "0", "--max-streams-total", "2", *flags]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("STREAMDEC_TOKEN", None)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _url_of(proc: subprocess.Popen[str], lines: list[str]) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "ws://" in line:
+            return "ws://" + line.split("ws://", 1)[1].split()[0]
+    raise AssertionError(f"exited with {proc.wait()} before printing its URL: {''.join(lines)}")
+
+
+async def test_serve_voice_command_speaks_text_as_the_library_does() -> None:
+    """`streamdec serve --voice piper-joe` says so at start, names the voice in ready, and speaks text as
+    `say` does in the library."""
+    local = await say(codec(), voice(), TEXT)
+    proc, lines = _serve("--voice", "piper-joe"), []
+    try:
+        url = await anyio.to_thread.run_sync(_url_of, proc, lines)
+        async with connect(url) as conn:
+            assert conn.ready["voice"] == "piper-joe" and conn.codec.name == "piper-joe"
+        remote, _ = await say_remote(url, TEXT)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert "voice 'piper-joe' speaks a start's text" in "".join(lines)
+    assert "Traceback" not in "".join(lines) + out
+    torch.testing.assert_close(remote, local, atol=1e-5, rtol=0)
+
+
+def test_serve_voice_refuses_another_codec() -> None:
+    """--voice serves the voice's own decoder: a different --codec is a usage error (exit 2, one line)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "streamdec", "serve", "--voice", "piper-joe", "--codec", "vits-tiny"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "drop --codec vits-tiny" in done.stderr, done.stderr
