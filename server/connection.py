@@ -120,8 +120,9 @@ class _Outbox:
 class _Intake:
     """A stream's latents between the reader and ``decode_tiles``; tells ServerState what was taken.
 
-    Unbounded as a queue because ServerState bounds it in frames (``max_buffered_frames``): the reader
-    must never wait here.
+    For a client's latents, unbounded as a queue because ServerState bounds it in frames
+    (``max_buffered_frames``): the reader must never wait here. For a voice's (``capacity`` chunks), the
+    speaker waits in :meth:`feed` for room.
     """
 
     def __init__(self, state: ServerState, stream: int, capacity: float = math.inf) -> None:
