@@ -93,6 +93,7 @@ def server_demo(text: str, out: Path) -> Path:
 def _wait_for_url(server: subprocess.Popen[str]) -> str:
     assert server.stdout is not None
     for line in server.stdout:
+        print(f"  {line.rstrip()}")  # what the server says at start (mode, capacity, its voice, its URL)
         match = re.search(r"ws://\S+/v1/stream", line)
         if match:
             return match.group(0)
