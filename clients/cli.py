@@ -32,7 +32,15 @@ from streamdec.protocol import LATENT_DTYPES, SAMPLE_FORMATS, STREAM_PATH
 from .client import ClientStream, connect
 from .wav import write_wav
 
-__all__ = ["Playback", "StreamResult", "configure_stream", "run_stream", "stream_file"]
+__all__ = [
+    "Playback",
+    "StreamResult",
+    "check_url",
+    "configure_stream",
+    "connection_hint",
+    "run_stream",
+    "stream_file",
+]
 
 
 def configure_stream(parser: argparse.ArgumentParser) -> None:
@@ -61,12 +69,12 @@ def run_stream(args: argparse.Namespace) -> int:
     if args.prebuffer_ms < 0:
         raise UsageError(f"--prebuffer-ms {args.prebuffer_ms:g}: must be >= 0")
     check_output_path(args.output)
-    _check_url(args.url)
+    check_url(args.url)
     latents = load_latent_file(args.input)
     try:
         result = anyio.run(_main, args, latents)
     except Exception as exc:
-        hint = _connection_hint(exc, args.url, args.token)
+        hint = connection_hint(exc, args.url, args.token)
         if hint is None:
             raise
         raise UsageError(hint) from exc
@@ -74,14 +82,15 @@ def run_stream(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_url(url: str) -> None:
+def check_url(url: str) -> None:
+    """Refuse a --url that is not ws:// or wss:// with a host, saying what one looks like."""
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise UsageError(f"--url {url!r} is not a websocket URL; use ws://HOST:PORT{STREAM_PATH} "
                          "(wss:// behind TLS), as `streamdec serve` prints it")  # fmt: skip
 
 
-def _connection_hint(exc: BaseException, url: str, token: str | None) -> str | None:
+def connection_hint(exc: BaseException, url: str, token: str | None) -> str | None:
     """One line for a connection that failed because of the URL, the token or the server's state."""
     for leaf in leaves(exc):
         if isinstance(leaf, InvalidStatus):

@@ -214,20 +214,37 @@ class Connection:
         await self.ws.send(encode_text(msg))
 
     async def open_stream(
-        self, *, stream: int | None = None, dtype: str = DEFAULT_DTYPE, format: str = DEFAULT_FORMAT
+        self,
+        *,
+        stream: int | None = None,
+        dtype: str = DEFAULT_DTYPE,
+        format: str = DEFAULT_FORMAT,
+        text: str | None = None,
     ) -> ClientStream:
-        """Start a stream and wait for ``started``; raises ServerError if the server refuses it."""
+        """Start a stream and wait for ``started``; raises ServerError if the server refuses it.
+
+        With ``text`` the server's voice speaks it (``ready_message.voice`` names the voice): send no
+        latents and no ``end``, just iterate the audio. A server without a voice refuses with ``no_voice``.
+        """
         if dtype not in LATENT_DTYPES or format not in SAMPLE_FORMATS:
             raise ValueError(
                 f"dtype {dtype!r} / format {format!r}: pick from {list(LATENT_DTYPES)} / "
                 f"{list(SAMPLE_FORMATS)}"
+            )
+        if text is not None and self.ready_message.minor < 1:
+            # A v1.0 server would ignore the text and wait for latents forever.
+            raise ServerError(
+                "no_voice",
+                "this server speaks protocol 1.0, which has no text in: upgrade it and start it with "
+                "`streamdec serve --voice piper-joe`",
+                stream=stream,
             )
         sid = next(i for i in self._ids if i not in self._streams) if stream is None else stream
         reply_in, reply_out = anyio.create_memory_object_stream[Started | ErrorMessage](1)
         self._pending[sid] = reply_in
         try:
             with reply_in, reply_out:
-                await self.send_control(Start(sid, dtype, format))
+                await self.send_control(Start(sid, dtype, format, text))
                 reply = await reply_out.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise self.closed_error(sid) from None

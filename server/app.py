@@ -29,6 +29,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from streamdec.engine.base import WarmupReport
+from streamdec.errors import ConfigError
 from streamdec.protocol import CLOSE_CODES, STREAM_PATH, CodecInfo, ErrorCode, error_message
 from streamdec.streaming import StreamDecoder
 
@@ -40,6 +41,8 @@ from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
 
 if TYPE_CHECKING:
+    from streamdec.voice import Voice
+
     from .devices import DecoderGroup
 
 __all__ = ["StreamServer"]
@@ -61,12 +64,23 @@ class StreamServer:
     with the real port. Call :meth:`warmup` (or set ``warm``) before clients connect: until then
     ``/healthz`` answers 503 and handshakes are refused with 503. :meth:`warmup` also measures how many
     real-time streams the engine sustains (unless ``max_streams_total`` is set), which admission uses.
+
+    With a ``voice`` (:class:`streamdec.voice.Voice`, whose decoder is the decoder's codec) a ``start``
+    may carry text, which the voice speaks (:mod:`.speech`); ``ready`` and ``/healthz`` name the voice.
     """
 
-    def __init__(self, decoder: StreamDecoder | DecoderGroup, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self,
+        decoder: StreamDecoder | DecoderGroup,
+        config: ServerConfig | None = None,
+        *,
+        voice: Voice | None = None,
+    ) -> None:
         self.decoder = decoder
         self.config = config or ServerConfig()
         self.codec = CodecInfo.from_codec(decoder.codec)
+        self.voice = voice
+        self.voice_name = None if voice is None else _check_voice(voice, self.codec)
         self.limits = self.config.limits.resolved(self.codec.latent_dim)
         self.metrics = ServerMetrics()
         self.admission = AdmissionController(
@@ -381,6 +395,7 @@ class StreamServer:
             "open_streams": load.open_streams,
             "capacity": self.admission.capacity,
             "capacity_source": self.admission.source,
+            "voice": self.voice_name,
             **self._devices(),
         }
 
@@ -418,6 +433,17 @@ class StreamServer:
     def _index(self) -> Response:
         page = resources.files(__package__ or "streamdec.server").joinpath("static/index.html").read_text()
         return _respond(HTTPStatus.OK, page, "text/html; charset=utf-8")
+
+
+def _check_voice(voice: Voice, codec: CodecInfo) -> str:
+    """The voice's name, once it is clear that the codec is its decoder; else a ConfigError saying so."""
+    if voice.sample_rate != codec.sample_rate or voice.latent_dim != codec.latent_dim:
+        raise ConfigError(
+            f"voice {voice.name!r} makes {voice.latent_dim}-dim latents for {voice.sample_rate} Hz audio, but "
+            f"the codec {codec.name!r} takes {codec.latent_dim}-dim latents at {codec.sample_rate} Hz: serve "
+            "the voice's own decoder (`streamdec serve --voice NAME` loads it)"
+        )
+    return voice.name
 
 
 def urlsplit_path(target: str) -> tuple[str, str]:

@@ -76,6 +76,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", default=None, metavar="all|cuda:0,cuda:1",
                         help="several GPUs in this process: one engine per device (each with --slots slots), each "
                              "new stream on the device with the most free slots; replaces --device")  # fmt: skip
+    parser.add_argument("--voice", default=None, metavar="NAME|VOICE.onnx",
+                        help="speak text: a start may carry text, which this voice (piper-joe, the `voice` extra, "
+                             "or a Piper .onnx file) turns into latents for its own decoder, the codec")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
@@ -106,6 +109,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     from .app import StreamServer
     from .devices import DecoderGroup
 
+    voice = await _load_voice(args)
     names = _device_names(args)
     codecs = [load_codec_from_args(argparse.Namespace(**{**vars(args), "device": n})) for n in names]
     codec = codecs[0]
@@ -120,7 +124,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     decoders = [_decoder(args, each) for each in codecs]
     group = DecoderGroup(decoders, names) if args.devices else None
     async with group or decoders[0] as decoder:
-        server = StreamServer(decoder, config)
+        server = StreamServer(decoder, config, voice=voice)
         await _start(server, config)
         report = await server.warmup()
         decoder.freeze()
@@ -132,10 +136,33 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
               f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory, {state / 2**30:.2f} GiB of stream "
               f"state; capacity "
               f"{server.admission.capacity} real-time streams ({server.admission.source})", flush=True)  # fmt: skip
+        if voice is not None:
+            print(f"streamdec: voice {voice.name!r} speaks a start's text{_phonemes_note()}", flush=True)
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
               f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
         await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))
     print("streamdec: stopped", flush=True)
+
+
+async def _load_voice(args: argparse.Namespace) -> Any:
+    """``--voice``: the voice (loaded off the event loop), whose own decoder becomes the codec; else None."""
+    if args.voice is None:
+        return None
+    if args.codec not in ("tiny", args.voice):  # "tiny": the --codec default, i.e. not given
+        raise UsageError(f"--voice {args.voice} serves that voice's own decoder; drop --codec {args.codec}")
+    from streamdec.voice import Voice
+
+    args.codec = args.voice
+    return await anyio.to_thread.run_sync(Voice.load, args.voice)
+
+
+def _phonemes_note() -> str:
+    from streamdec.voice.phonemes import espeak_available
+
+    if espeak_available():
+        return ""
+    return (" (espeak-ng is not installed: only the demo sentences can be spoken; "
+            "apt-get install espeak-ng for any text)")  # fmt: skip
 
 
 async def _start(server: StreamServer, config: ServerConfig) -> None:

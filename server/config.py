@@ -44,10 +44,11 @@ class ServerConfig:
     close_timeout: float = 5.0
     write_limit: int = 256 * 1024  # bytes buffered in user space per connection before send() waits
     send_buffer: int | None = None  # SO_SNDBUF of each accepted socket (None: the OS autotunes, up to MBs)
+    text_chunk_frames: int = 8  # with a voice: latent frames per chunk it hands a text stream (as `say`)
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_connections_per_client", "max_handshakes", "error_budget",
-                     "stream_queue", "outbox", "write_limit"):  # fmt: skip
+                     "stream_queue", "outbox", "write_limit", "text_chunk_frames"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         for name in ("send_timeout", "grace", "close_timeout", "retry_after", "error_refill"):

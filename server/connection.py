@@ -17,6 +17,10 @@ outbox fills; stream tasks stop taking tiles, so ``decode_tiles`` stops pulling 
 no progress for ``send_timeout`` ends the connection with 1013. Control messages (``started``, ``error``,
 ``done``) never wait for room in the outbox, so the reader is never blocked by a slow listener either;
 there are at most ``max_streams`` of them plus the error budget.
+
+A text stream (a ``start`` carrying ``text``, on a server with a voice) has a speaker task instead of a
+client: it feeds the voice's latents into the stream's intake (:func:`.speech.speak`), where they wait
+for the decoder exactly as a client's would, bounded by ``max_buffered_frames``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from streamdec.protocol import (
 )
 
 from .guards import ErrorBudget
+from .speech import speak
 
 if TYPE_CHECKING:
     from .app import StreamServer
@@ -115,19 +120,25 @@ class _Outbox:
 class _Intake:
     """A stream's latents between the reader and ``decode_tiles``; tells ServerState what was taken.
 
-    Unbounded as a queue because ServerState bounds it in frames (``max_buffered_frames``): the reader
-    must never wait here.
+    For a client's latents, unbounded as a queue because ServerState bounds it in frames
+    (``max_buffered_frames``): the reader must never wait here. For a voice's (``capacity`` chunks), the
+    speaker waits in :meth:`feed` for room.
     """
 
-    def __init__(self, state: ServerState, stream: int) -> None:
+    def __init__(self, state: ServerState, stream: int, capacity: float = math.inf) -> None:
         self._in: MemoryObjectSendStream[torch.Tensor]
         self._out: MemoryObjectReceiveStream[torch.Tensor]
-        self._in, self._out = anyio.create_memory_object_stream[torch.Tensor](math.inf)
+        self._in, self._out = anyio.create_memory_object_stream[torch.Tensor](capacity)
         self._state, self._stream = state, stream
 
     def put(self, latents: torch.Tensor) -> None:
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._in.send_nowait(latents)  # a stream that ended meanwhile: its done tells the client
+
+    async def feed(self, latents: torch.Tensor) -> None:
+        """The server's own producer (a voice): waits for room; raises once the stream has ended."""
+        await self._in.send(latents)
+        self._state.produced(self._stream, int(latents.shape[0]))
 
     def end(self) -> None:
         self._in.close()
@@ -154,7 +165,9 @@ class _Stream:
 
     id: int
     intake: _Intake
+    text: str | None = None  # a text stream: the server's voice makes its latents
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    speaker: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the voice's task, if any
     stop_status: Status | None = None  # set by cancel, a protocol error in this stream, or shutdown
     failure: BaseException | None = None
     first_latent_at: float | None = None
@@ -176,7 +189,12 @@ class Connection:
         self.server = server
         self.ws = ws
         self.config = server.config
-        self.state = ServerState(server.codec, server.limits, accepting_streams=not server.shutting_down)
+        self.state = ServerState(
+            server.codec,
+            server.limits,
+            accepting_streams=not server.shutting_down,
+            voice=server.voice_name,
+        )
         self.streams: dict[int, _Stream] = {}
         self.outbox = _Outbox(self.config.outbox)
         self.budget = ErrorBudget(self.config.error_budget, self.config.error_refill)
@@ -346,11 +364,33 @@ class Connection:
                 refusal.retry_after_ms,
             )
             return
-        stream = _Stream(msg.stream, _Intake(self.state, msg.stream))
+        stream = _Stream(msg.stream, self._intake_for(msg), msg.text)
         self.streams[msg.stream] = stream
         self._control(self.state.started(msg.stream))
         assert self._tg is not None
         self._tg.start_soon(self._run_stream, stream)
+        if stream.text is not None:
+            stream.first_latent_at = time.monotonic()  # a text stream's first audio counts from its start
+            self._tg.start_soon(self._speak, stream)
+
+    def _intake_for(self, msg: Start) -> _Intake:
+        if msg.text is None:  # a client's latents: ServerState bounds them in frames
+            return _Intake(self.state, msg.stream)
+        # The voice's chunks: the same bound, in chunks, and the speaker waits for room instead of failing.
+        chunks = max(self.server.limits.max_buffered_frames // self.config.text_chunk_frames, 1)
+        return _Intake(self.state, msg.stream, chunks)
+
+    async def _speak(self, stream: _Stream) -> None:
+        """Feed a text stream's intake with the voice's latents; bad text ends the stream (``bad_text``)."""
+        assert self.server.voice is not None and stream.text is not None
+        with stream.speaker:
+            failure = await speak(
+                self.server.voice, stream.text, stream.intake.feed, self.config.text_chunk_frames
+            )
+            if failure is not None:
+                stream.stop("error", failure)
+            else:
+                stream.intake.end()  # every sentence is in: decode the rest, then done
 
     def _on_latents(self, data: bytes) -> None:
         msg = self.state.receive_binary(data)
@@ -388,6 +428,7 @@ class Connection:
         failure: BaseException | None = None
         with contextlib.ExitStack() as stack:
             stack.callback(stream.intake.close)  # the intake closes with the stream, always
+            stack.callback(stream.speaker.cancel)  # and its voice stops making latents
             stack.enter_context(stream.scope)
             try:
                 async with self.server.decoder.decode_tiles(stream.intake, allow_non_finite=False) as tiles:

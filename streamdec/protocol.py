@@ -1,4 +1,4 @@
-"""Wire protocol v1, sans-I/O: bytes and text in, validated messages out, and back.
+"""Wire protocol v1 (minor version 1), sans-I/O: bytes and text in, validated messages out, and back.
 
 Nothing here touches a socket or an event loop. The server feeds each received WebSocket message to
 :class:`ServerState` and sends what it returns; the client library uses the same typed messages, the
@@ -38,6 +38,7 @@ from streamdec.errors import (
     ServerError,
     ShapeError,
     StreamEndedError,
+    TextError,
     TooManyStreamsError,
 )
 from streamdec.io import pcm16
@@ -50,6 +51,7 @@ __all__ = [
     "LATENT_HEADER",
     "LATENT_MAGIC",
     "MAX_STREAM_ID",
+    "PROTOCOL_MINOR",
     "PROTOCOL_VERSION",
     "SAMPLE_FORMATS",
     "STREAM_ENDING_CODES",
@@ -83,6 +85,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+#: Minor versions only add fields and codes that a v1.0 peer ignores. 1: a ``start`` may carry ``text``
+#: (``ready.voice`` says whether the server speaks it), codes ``no_voice`` and ``bad_text``.
+PROTOCOL_MINOR = 1
 STREAM_PATH = "/v1/stream"
 LATENT_MAGIC = b"SDLT"
 AUDIO_MAGIC = b"SDAU"
@@ -123,6 +128,8 @@ class ErrorCode(str, enum.Enum):
     TOO_MANY_ERRORS = "too_many_errors"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN_ORIGIN = "forbidden_origin"
+    NO_VOICE = "no_voice"  # a start carrying text on a server without a voice
+    BAD_TEXT = "bad_text"  # text the voice cannot speak: empty, too long, unknown phonemes
     INTERNAL = "internal"
 
 
@@ -148,6 +155,7 @@ STREAM_ENDING_CODES = frozenset(
         ErrorCode.NON_FINITE_OUTPUT,
         ErrorCode.BACKLOG_FULL,
         ErrorCode.SHUTTING_DOWN,
+        ErrorCode.BAD_TEXT,
         ErrorCode.INTERNAL,
     }
 )
@@ -167,6 +175,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (ShapeError, ErrorCode.BAD_PAYLOAD),
     (DTypeError, ErrorCode.BAD_PAYLOAD),
     (StreamEndedError, ErrorCode.UNKNOWN_STREAM),
+    (TextError, ErrorCode.BAD_TEXT),
     (InputError, ErrorCode.BAD_PAYLOAD),
     (TooManyStreamsError, ErrorCode.TOO_MANY_STREAMS),  # every stateful slot taken: refused, not queued
 )
@@ -302,14 +311,20 @@ _LIMIT_KEYS = ("max_streams", "max_frames_per_message", "max_message_bytes", "ma
 
 @dataclass(frozen=True)
 class Start:
-    """``start``: open ``stream`` with latents in ``dtype`` and audio in ``format``."""
+    """``start``: open ``stream`` with latents in ``dtype`` and audio in ``format``.
+
+    With ``text`` (minor version 1) the server's voice speaks it: the server makes the stream's latents,
+    the client sends none (nor ``end``) and reads the audio.
+    """
 
     stream: int
     dtype: str = DEFAULT_DTYPE
     format: str = DEFAULT_FORMAT
+    text: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "start", "stream": self.stream, "dtype": self.dtype, "format": self.format}
+        obj = {"type": "start", "stream": self.stream, "dtype": self.dtype, "format": self.format}
+        return obj if self.text is None else {**obj, "text": self.text}
 
 
 @dataclass(frozen=True)
@@ -390,18 +405,26 @@ DONE_STATUSES: tuple[DoneStatus, ...] = ("completed", "cancelled", "error")
 
 @dataclass(frozen=True)
 class Ready:
-    """``ready``, first on every connection: the protocol version, the codec and the limits."""
+    """``ready``, first on every connection: the protocol version, the codec and the limits.
+
+    ``voice`` names the voice that speaks a start's ``text`` (None: this server takes latents only);
+    ``minor`` is 0 for a server older than text in, which sends neither field.
+    """
 
     codec: CodecInfo
     limits: Limits
     protocol: int = PROTOCOL_VERSION
+    minor: int = PROTOCOL_MINOR
+    voice: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "type": "ready",
             "protocol": self.protocol,
+            "minor": self.minor,
             "codec": self.codec.to_json(),
             "limits": self.limits.to_json(),
+            "voice": self.voice,
         }
 
 
@@ -554,7 +577,10 @@ def parse_client_text(text: str | bytes) -> ClientControl:
         return Cancel(stream)
     dtype = _parse_choice(obj, "dtype", LATENT_DTYPES, DEFAULT_DTYPE, stream)
     fmt = _parse_choice(obj, "format", SAMPLE_FORMATS, DEFAULT_FORMAT, stream)
-    return Start(stream, dtype, fmt)
+    spoken = obj.get("text")
+    if spoken is not None and not isinstance(spoken, str):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"'text' must be a string, got {type(spoken).__name__}", stream)
+    return Start(stream, dtype, fmt, spoken)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -585,6 +611,7 @@ class ServerState:
     codec: CodecInfo
     limits: Limits
     accepting_streams: bool = True  # False once the server shuts down: new starts get ``overloaded``
+    voice: str | None = None  # the voice that speaks a start's text; None: a text start gets no_voice
     _streams: dict[int, _StreamState] = field(default_factory=dict)
 
     # -- inbound -----------------------------------------------------------------------------------
@@ -621,6 +648,12 @@ class ServerState:
         state.frames_in += n_frames
         state.buffered += n_frames
         return LatentMessage(stream, seq, latents)
+
+    def produced(self, stream: int, n_frames: int) -> None:
+        """The server's voice made ``n_frames`` latent frames of text stream ``stream`` (counted in done)."""
+        if stream in self._streams:
+            self._streams[stream].frames_in += n_frames
+            self._streams[stream].buffered += n_frames
 
     def consumed(self, stream: int, n_frames: int) -> None:
         """The decoder took ``n_frames`` of ``stream``'s buffered frames: room for that many more."""
@@ -693,7 +726,15 @@ class ServerState:
                 f"{self.limits.max_streams}; wait for a 'done'",
                 msg.stream,
             )
-        self._streams[msg.stream] = _StreamState(msg)
+        if msg.text is not None and self.voice is None:
+            raise _fail(
+                ErrorCode.NO_VOICE,
+                "this server has no voice, so a start cannot carry text: send latents, or start the server "
+                "with `streamdec serve --voice piper-joe`",
+                msg.stream,
+            )
+        # A text stream takes no input: its latents come from the server's voice.
+        self._streams[msg.stream] = _StreamState(msg, accepting=msg.text is None)
 
     def _input_of(self, stream: int) -> _StreamState:
         state = self._streams.get(stream)
@@ -706,7 +747,7 @@ class ServerState:
 
     def ready(self) -> Ready:
         """The ``ready`` message sent first on every connection."""
-        return Ready(self.codec, self.limits)
+        return Ready(self.codec, self.limits, voice=self.voice)
 
     def started(self, stream: int) -> Started:
         return Started(stream)
@@ -803,7 +844,13 @@ def _parse_ready(obj: Mapping[str, Any]) -> Ready:
             ErrorCode.BAD_MESSAGE,
             f"the server speaks protocol {protocol!r:.40}; this library speaks {PROTOCOL_VERSION}",
         )
-    return Ready(CodecInfo.from_json(obj.get("codec")), Limits.from_json(obj.get("limits")), protocol)
+    minor, voice = obj.get("minor", 0), obj.get("voice")
+    if not _is_count(minor):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"ready.minor must be an integer >= 0, got {minor!r:.40}")
+    if voice is not None and not isinstance(voice, str):
+        raise _fail(ErrorCode.BAD_MESSAGE, f"ready.voice must be a string or null, got {voice!r:.40}")
+    codec, limits = CodecInfo.from_json(obj.get("codec")), Limits.from_json(obj.get("limits"))
+    return Ready(codec, limits, protocol, minor, voice)
 
 
 def _parse_started(obj: Mapping[str, Any]) -> Started:

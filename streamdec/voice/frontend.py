@@ -83,6 +83,14 @@ def _split(model: Any, onnx: Any) -> tuple[Any, Any, list[str]]:
     return encoder, flow, cut
 
 
+def _latent_dim(encoder: Any) -> int:
+    """Channels of the prior's mean ``[1, C, T]``: the latent dimension the voice's decoder takes."""
+    shape = next(o.shape for o in encoder.get_outputs() if o.name == _PRIOR_MEAN)  # also in the cut: twice
+    if not isinstance(shape[1], int):
+        raise VoiceError(f"the voice graph's {_PRIOR_MEAN} has no fixed channel count: {shape}")
+    return shape[1]
+
+
 class Voice:
     """A Piper voice's front half: text or phoneme ids in, latents ``[T, latent_dim]`` out, per sentence.
 
@@ -90,8 +98,11 @@ class Voice:
     Building the sessions takes a few seconds; calls are then thread-safe (onnxruntime sessions are).
     """
 
-    def __init__(self, model: str | Path, config: str | Path, *, threads: int = 0) -> None:
+    def __init__(
+        self, model: str | Path, config: str | Path, *, threads: int = 0, name: str | None = None
+    ) -> None:
         onnx, ort = _import("onnx"), _import("onnxruntime")
+        self.name = name or Path(model).stem
         self.config: Mapping[str, Any] = json.loads(Path(config).read_text())
         self.id_map: Mapping[str, Sequence[int]] = self.config["phoneme_id_map"]
         self.espeak_voice: str = self.config.get("espeak", {}).get("voice", "en-us")
@@ -108,11 +119,16 @@ class Voice:
         providers = ["CPUExecutionProvider"]
         self._encoder = ort.InferenceSession(encoder.SerializeToString(), options, providers=providers)
         self._flow = ort.InferenceSession(flow.SerializeToString(), options, providers=providers)
+        self.latent_dim = _latent_dim(self._encoder)
 
     @classmethod
     def load(cls, name: str = "piper-joe", *, threads: int = 0) -> Voice:
-        model, config = voice_files(name)
-        return cls(model, config, threads=threads)
+        """A named voice (``piper-joe``) or a Piper ``.onnx`` file with its ``.onnx.json`` beside it."""
+        if name.endswith(".onnx"):
+            model, config = Path(name), Path(name + ".json")
+        else:
+            model, config = voice_files(name)
+        return cls(model, config, threads=threads, name=name)
 
     def sentences(self, text: str) -> list[Sentence]:
         """The sentences of ``text`` with their phonemes (:func:`streamdec.voice.phonemes.phonemize`)."""

@@ -72,16 +72,18 @@ async def running_server(
     engine: Engine | None = None,
     warm: bool = True,
     decoder: dict[str, Any] | None = None,
+    voice: Any = None,
     **config: Any,
 ) -> AsyncIterator[StreamServer]:
-    """A StreamServer on 127.0.0.1, port 0, over a fresh StreamDecoder (closed on exit)."""
+    """A StreamServer on 127.0.0.1, port 0, over a fresh StreamDecoder (closed on exit); ``voice`` speaks
+    a start's text."""
     if failing:
         engine = FailingEngine(create_engine(codec))
     options = {"max_emit": 16, **(decoder or {})}  # few window sizes: warm-up stays short on a CPU
     async with streamdec.StreamDecoder(codec, engine=engine, **options) as dec:
         config.setdefault("grace", 5.0)
         config.setdefault("probe_capacity", False)  # admission unbounded unless a test asks for it
-        server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, **config))
+        server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, **config), voice=voice)
         async with server:
             if warm:
                 await server.warmup()

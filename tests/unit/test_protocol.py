@@ -134,11 +134,13 @@ def test_state_numbers_audio_and_reports_done() -> None:
 
 
 def test_ready_advertises_codec_and_limits() -> None:
-    """ready carries protocol 1, the codec description and the limits."""
+    """ready carries protocol 1.1, the codec description, the limits and the voice (none here)."""
     ready = json.loads(encode_text(state().ready()))
     assert ready == {
         "type": "ready",
         "protocol": 1,
+        "minor": 1,
+        "voice": None,
         "codec": {
             "name": "toy",
             "latent_dim": 4,
