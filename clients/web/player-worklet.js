@@ -37,6 +37,7 @@ class RingPlayer extends AudioWorkletProcessor {
     this.prebuffer = this.basePrebuffer;
     this.fadeIn = 0;
     this.played = 0;
+    this.largestPush = 0; // the largest audio message so far: audio arrives a tile at a time
     this.stopping = false;
   }
 
@@ -54,6 +55,7 @@ class RingPlayer extends AudioWorkletProcessor {
 
   push(samples) {
     if (this.state === "idle" || this.state === "drained" || this.stopping) return; // a late packet
+    this.largestPush = Math.max(this.largestPush, samples.length);
     const free = this.capacity - (this.writePos - this.readPos);
     if (samples.length > free) {
       this.port.postMessage({ type: "overflow", dropped: samples.length - free });
@@ -82,8 +84,10 @@ class RingPlayer extends AudioWorkletProcessor {
   }
 
   maybeStart(out) {
+    // The buffer level saws between a low point and the low point plus one message; the prebuffer is the
+    // margin kept at the low point, so playback starts once a whole message more than that is in.
     const avail = this.available();
-    if (avail >= this.prebuffer || (this.ended && avail > 0)) {
+    if (avail >= this.prebuffer + this.largestPush || (this.ended && avail > 0)) {
       if (this.played === 0) this.port.postMessage({ type: "playing" });
       this.state = "playing";
       this.play(out);
