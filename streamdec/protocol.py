@@ -43,6 +43,7 @@ from streamdec.errors import (
 from streamdec.io import pcm16
 
 __all__ = [
+    "AUDIO_FORMATS",
     "AUDIO_HEADER",
     "AUDIO_MAGIC",
     "CLOSE_CODES",
@@ -50,9 +51,8 @@ __all__ = [
     "LATENT_HEADER",
     "LATENT_MAGIC",
     "MAX_STREAM_ID",
-    "PROTOCOL_VERSION",
-    "AUDIO_FORMATS",
     "OPUS_FORMAT",
+    "PROTOCOL_VERSION",
     "SAMPLE_FORMATS",
     "STREAM_ENDING_CODES",
     "STREAM_PATH",

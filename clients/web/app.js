@@ -154,7 +154,6 @@ function finish(status, why) {
 }
 
 function summary(stream, status) {
-  const seconds = stream.samplesIn / conn.ready?.codec.sample_rate || stream.rate;
   return {
     id: stream.id,
     status,
@@ -165,7 +164,6 @@ function summary(stream, status) {
     stopMs: stream.stopMs ?? null,
     done: stream.done ?? null,
     error: stream.error ?? null,
-    _s: seconds,
   };
 }
 

