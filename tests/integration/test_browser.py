@@ -205,3 +205,38 @@ def test_opus_plays_in_step_with_the_pcm_decode_at_a_fifth_of_the_bytes(tab: Pag
     assert len(decoded) == len(reference) == 100 * 480
     assert abs(_best_lag(reference, decoded)) <= 1  # in step; a wrong pre-skip would be off by 156
     assert _snr_db(reference, decoded) > 0.0
+
+
+RESAMPLE = """async ([fromRate, toRate, freq]) => {
+  const { Resampler } = await import('/web/resampler.js');
+  const r = new Resampler(fromRate, toRate);
+  const n = fromRate;  // 1 s, in blocks the size of audio messages
+  const x = Float32Array.from({ length: n }, (_, i) => Math.sin(2 * Math.PI * freq * i / fromRate));
+  const parts = [];
+  for (let at = 0; at < n; at += 1920) parts.push(...r.push(x.subarray(at, at + 1920)));
+  parts.push(...r.push(new Float32Array(0), true));
+  return parts;
+}"""
+
+
+@pytest.mark.parametrize(
+    ("from_rate", "to_rate", "freq", "gain"),
+    [(48000, 24000, 1000.0, 1.0), (48000, 24000, 15000.0, 0.0), (22050, 48000, 3000.0, 1.0)],
+    ids=["down-passband", "down-above-nyquist", "up-passband"],
+)
+def test_the_resampler_is_band_limited(
+    tab: Page, from_rate: int, to_rate: int, freq: float, gain: float
+) -> None:
+    """The page's resampler keeps a tone below both Nyquists at unity and removes one above the new one."""
+    with serving(*SIMULATED) as served:
+        page = _open(tab, served)
+        out = np.asarray(page.evaluate(RESAMPLE, [from_rate, to_rate, freq]))
+    assert abs(len(out) - to_rate) <= 1
+    middle = out[len(out) // 4 : 3 * len(out) // 4]  # away from the edges' transients
+    rms = float(np.sqrt(np.mean(middle**2)))
+    if gain:
+        t = (np.arange(len(out)) / to_rate)[len(out) // 4 : 3 * len(out) // 4]
+        assert abs(rms - 1 / np.sqrt(2)) < 0.01
+        assert float(np.max(np.abs(middle - np.sin(2 * np.pi * freq * t)))) < 1e-3  # in phase: no delay
+    else:
+        assert rms < 1e-3  # a linear interpolator would alias 15 kHz to 9 kHz at full level
