@@ -206,3 +206,15 @@ def test_ogg_page_checksum_matches_the_encoder() -> None:
     (stored,) = struct.unpack_from("<I", page, 22)
     struct.pack_into("<I", page, 22, 0)
     assert ogg_crc(bytes(page)) == stored
+
+
+def test_opus_for_a_rate_or_layout_opus_cannot_take_is_refused_with_the_fix() -> None:
+    """A codec at 22,050 Hz or with two channels: the reason names the limit and PCM as the fix."""
+    from streamdec.server.opus import check_opus, opus_available
+
+    if not opus_available():
+        pytest.skip("needs the `opus` extra")
+    assert check_opus(24000, 1) is None
+    for rate, channels, limit in [(22050, 1, "22050"), (24000, 2, "2 channels")]:
+        why = check_opus(rate, channels)
+        assert why is not None and limit in why and "pcm_s16le" in why
