@@ -281,7 +281,9 @@ function render() {
 // -- wiring ----------------------------------------------------------------------------------------
 $("token").value = params.get("token") || "";
 $("connect").onclick = () => {
-  conn.ws?.close(1000);
+  const old = conn.ws;
+  conn.ws = null; // its close is not a reason to reconnect: connect() opens the new one
+  old?.close(1000);
   connect();
 };
 $("sample").onclick = () => playSample().catch((err) => showError(err.message));
