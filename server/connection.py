@@ -164,6 +164,15 @@ class _Intake:
     def __aiter__(self) -> _Intake:
         return self
 
+    def take_ready(self) -> torch.Tensor | None:
+        """A chunk already received, or None (none at hand, or the stream ended); never waits."""
+        try:
+            latents = self._out.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
+        self._state.consumed(self._stream, int(latents.shape[0]))
+        return latents
+
     async def __anext__(self) -> torch.Tensor:
         try:
             latents = await self._out.receive()

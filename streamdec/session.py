@@ -195,6 +195,13 @@ class _Intake:
     def ready_frames(self) -> int:
         raise NotImplementedError
 
+    @property
+    def call_room(self) -> int:
+        """Frames the next call could still take beyond those buffered (0: more would wait for a later
+        call). A stream that fell behind takes what is at hand up to this, so its calls grow instead of
+        each carrying one chunk while the backlog grows."""
+        raise NotImplementedError
+
     # -- pacing: pure, the caller passes its clock ---------------------------------------------------
     def deadline(self, now: float) -> float:
         """When this stream's listener runs out of audio (see :meth:`FlushPolicy.deadline`)."""
@@ -274,6 +281,11 @@ class StreamSession(_Intake):
     def ready_frames(self) -> int:
         """Frames whose right context has arrived but that are in no window yet."""
         return max(0, self.planner.ready(self.received, self.ended))
+
+    @property
+    def call_room(self) -> int:
+        unplanned = self.received - self.planner.emitted  # includes the right context of what is ready
+        return max(0, self.planner.max_emit + self.planner.right - unplanned)
 
     def next_job(self, *, flush: bool = False) -> Job | None:
         """The next window to decode with its latents, or None until one is due (see ``flush`` in
@@ -437,6 +449,11 @@ class StatefulSession(_Intake):
     def ready_frames(self) -> int:
         """Frames a step could take now (none before the prime: it needs its own size)."""
         return self.received - self.fed if self.primed else 0
+
+    @property
+    def call_room(self) -> int:
+        largest = self.policy.step_sizes[-1] if self.primed else self.policy.prime_sizes[-1]
+        return max(0, largest - (self.received - self.fed))
 
     def next_job(self, *, flush: bool = False) -> StepJob | None:
         """The next call, or None until one is due. ``flush``: the listener is about to run dry, so any

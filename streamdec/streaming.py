@@ -205,7 +205,9 @@ class StreamDecoder:
     ) -> TileStream:
         """Decode one stream: iterate the returned object for its tiles, in order.
 
-        ``chunks`` is an async or plain iterable of ``[T, D]`` / ``[1, T, D]`` arrays or tensors. Bad
+        ``chunks`` is an async or plain iterable of ``[T, D]`` / ``[1, T, D]`` arrays or tensors; an async
+        one may also offer ``take_ready()`` (the next chunk if it is already at hand, else None, never
+        waiting), so that a stream behind real time decodes its backlog in larger calls. Bad
         chunks raise :class:`~streamdec.errors.InputError` subclasses out of the iteration. Breaking out,
         ``aclose()`` or cancelling the consuming task stops the stream's work and frees it.
         """
@@ -347,6 +349,7 @@ class TileStream(AsyncIterator[Tile]):
         dry: waiting for a chunk stops at the flush time, and the ready frames go out below the target.
         """
         while True:
+            self._take_ready()
             job = self.session.next_job()
             if job is not None or self.session.finished:
                 return job
@@ -367,6 +370,22 @@ class TileStream(AsyncIterator[Tile]):
     def first_audio_at(self) -> float | None:
         """``time.monotonic()`` of the stream's first tile, None before it."""
         return self.session.first_audio_at
+
+    def _take_ready(self) -> None:
+        """Feed the chunks an async source already holds, up to what the next call can take.
+
+        Without this a stream that fell behind (a decode slower than its chunk period) pulls one chunk
+        per call and every call carries one chunk's frames, so it never catches up; with it the calls grow
+        to the largest size. The source opts in with ``take_ready() -> chunk | None`` (never waits).
+        """
+        take = getattr(self._source, "take_ready", None)
+        if take is None or self._pending is not None:  # a pull in flight gets the next chunk first
+            return
+        while self.session.call_room > 0 and not self.session.ended:
+            chunk = take()
+            if chunk is None:
+                return
+            self.session.feed(chunk)
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
