@@ -638,6 +638,7 @@ class DecodeEngine(Engine):
                 warmed.append(key)
                 if graph.replay_ms is not None:
                     self._measured[key] = graph.replay_ms
+        self._scheduler.forget_plans()  # the cost model now has measured replays
         failed = [k for k in tiers.failed if k in keys]
         if cuda:
             torch.cuda.synchronize(self.device)
