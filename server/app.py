@@ -137,7 +137,7 @@ class StreamServer:
             # Chunks of min_emit frames, one call per chunk: the calls a real-time stream makes. With the
             # whole clip at hand the calls would be max_emit frames, several times cheaper per frame than
             # a real-time stream's, and admission as many times too optimistic.
-            async with self.decoder.decode_tiles(list(clip.split(chunk))) as tiles:
+            async with self.decoder.decode_tiles(list(torch.split(clip, chunk))) as tiles:
                 async for _ in tiles:
                     pass
 
