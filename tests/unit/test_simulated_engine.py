@@ -148,7 +148,8 @@ def test_the_simulated_engine_is_the_one_engine_class(codec: Any) -> None:
     import streamdec.engine.simulated  # noqa: F401 - every engine module imported before counting
 
     assert isinstance(simulated_engine(codec), DecodeEngine)
-    assert Engine.__subclasses__() == [DecodeEngine]
+    ours = [c for c in Engine.__subclasses__() if c.__module__.startswith("streamdec.")]  # not tests' fakes
+    assert ours == [DecodeEngine]
 
 
 @settings(max_examples=20, deadline=None)
