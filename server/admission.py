@@ -20,10 +20,10 @@ from streamdec.errors import ConfigError
 
 __all__ = ["SAFETY_FACTOR", "AdmissionController", "Load", "Refusal", "realtime_streams"]
 
-#: Share of the measured throughput that admission hands out. Streams start with small tiles (more
-#: halo per frame than the steady-state tile the probe times), arrive unevenly, and share the host with
-#: the server's own work; half the measured real-time factor keeps every admitted stream ahead of its
-#: listener on the hosts this was tried on.
+#: Share of the measured throughput that admission hands out. The probe times the calls of streams paced
+#: in real time, but streams arrive unevenly, start together, and share the host with the server's own
+#: work (and, on one machine, the load generator's); half the measured real-time factor keeps admitted
+#: streams ahead of their listeners past their first tiles on the hosts this was tried on.
 SAFETY_FACTOR = 0.5
 
 #: Windows an admitted stream may have waiting in the engine in steady state (one decoding, one queued).

@@ -143,8 +143,8 @@ class StreamServer:
         """Real-time streams this engine sustains, from one batched run of the policy's tile schedule.
 
         ``_PROBE_STREAMS`` streams of ``_PROBE_SECONDS`` of audio each start together and are decoded
-        through ``decode_tiles`` with all their latents at hand: their small first tiles (the costly part of
-        a stream, all halo) and then steady-state ``max_emit`` tiles, batched by the engine as under load.
+        through ``decode_tiles`` in chunks of ``min_emit`` frames, each taken as it comes: the calls (and
+        tiles) a stream paced in real time makes, batched by the engine across the streams as under load.
         Capacity is the audio decoded per wall second times :data:`~.admission.SAFETY_FACTOR` (0.5).
         """
         rate = self.codec.sample_rate / self.codec.hop_size
@@ -153,8 +153,13 @@ class StreamServer:
         gen = torch.Generator().manual_seed(0)
         clips = torch.randn(n, frames, self.codec.latent_dim, generator=gen) * 0.5
 
+        chunk = self.decoder.min_emit
+
         async def one(clip: torch.Tensor) -> None:
-            async with self.decoder.decode_tiles([clip]) as tiles:
+            # Chunks of min_emit frames, one call per chunk: the calls a real-time stream makes. With the
+            # whole clip at hand the calls would be max_emit frames, several times cheaper per frame than
+            # a real-time stream's, and admission as many times too optimistic.
+            async with self.decoder.decode_tiles(list(torch.split(clip, chunk))) as tiles:
                 async for _ in tiles:
                     pass
 

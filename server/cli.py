@@ -210,12 +210,16 @@ def _decoder(args: argparse.Namespace, codec: Any) -> Any:
 
     cuda_options = {"inductor_cache_dir": args.inductor_cache, "on_frozen_miss": "eager"}
     options: dict[str, Any] = cuda_options if codec.pad_latent.device.type == "cuda" else {}
+    stateful = args.mode != "halo" and streamdec.supports_stateful(codec)
+    slots = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
     if args.engine == "simulated":
-        from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
+        from streamdec.engine.simulated import DEFAULT_SIMULATED_SLOTS, SimulatedCost, simulated_engine
 
-        options = {"engine": SimulatedEngine(codec, cost=SimulatedCost.parse(args.simulated_cost_ms))}
-    elif args.mode != "halo" and streamdec.supports_stateful(codec):
-        options["max_streams"] = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
+        slots = args.slots or args.max_streams_total or DEFAULT_SIMULATED_SLOTS
+        cost = SimulatedCost.parse(args.simulated_cost_ms)
+        options = {"engine": simulated_engine(codec, cost=cost, max_streams=slots if stateful else 0)}
+    elif stateful:
+        options["max_streams"] = slots
     return streamdec.StreamDecoder(
         codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
     )

@@ -43,7 +43,10 @@ class ServerConfig:
     ping_timeout: float | None = 20.0
     close_timeout: float = 5.0
     write_limit: int = 256 * 1024  # bytes buffered in user space per connection before send() waits
-    send_buffer: int | None = None  # SO_SNDBUF of each accepted socket (None: the OS autotunes, up to MBs)
+    # SO_SNDBUF of each accepted socket (None: the OS autotunes it, up to net.ipv4.tcp_wmem's 4 MiB, which
+    # holds 40 s of f32 audio for a listener that stopped reading before the server sees any stall). 64 KiB
+    # still carries 8 f32 streams over a 100 ms round trip.
+    send_buffer: int | None = 64 * 1024
     text_chunk_frames: int = 8  # with a voice: latent frames per chunk it hands a text stream (as `say`)
 
     def __post_init__(self) -> None:

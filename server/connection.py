@@ -71,6 +71,31 @@ log = logging.getLogger("streamdec.server")
 Status = Literal["completed", "cancelled", "error"]
 
 
+class _Backlog:
+    """How long the writer may still wait for a listener whose socket stopped taking bytes.
+
+    The clock starts when the kernel first refuses bytes (the transport's buffer is not empty) and restarts
+    whenever that buffer shrank since the last send; it does not start when a send begins waiting: ``send``
+    returns while its message fits under ``write_limit``, so a per-send clock would start only once that
+    buffer had filled too, seconds of audio after the listener stopped reading.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.since: float | None = None  # when the current backlog began or last drained a little
+        self.after_send = 0  # bytes buffered right after the previous send
+
+    def seconds_left(self, buffered: int, now: float) -> float:
+        if buffered == 0:
+            self.since = None  # the listener's socket took everything written so far
+        elif self.since is None or buffered < self.after_send:
+            self.since = now
+        return self.timeout if self.since is None else max(self.since + self.timeout - now, 0.0)
+
+    def sent(self, buffered: int) -> None:
+        self.after_send = buffered
+
+
 class _CloseWith(Exception):
     """Ends the connection: send an ``error`` with ``code`` (stream null), then its close code."""
 
@@ -151,6 +176,15 @@ class _Intake:
 
     def __aiter__(self) -> _Intake:
         return self
+
+    def take_ready(self) -> torch.Tensor | None:
+        """A chunk already received, or None (none at hand, or the stream ended); never waits."""
+        try:
+            latents = self._out.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
+        self._state.consumed(self._stream, int(latents.shape[0]))
+        return latents
 
     async def __anext__(self) -> torch.Tensor:
         try:
@@ -286,16 +320,19 @@ class Connection:
             self.outbox.put_control(msg)
 
     async def _writer(self) -> None:
-        """Sends the outbox in order; a send with no progress for ``send_timeout`` means overloaded."""
+        """Sends the outbox in order; a backlog that made no progress for ``send_timeout`` means overloaded."""
         timeout, metrics = self.config.send_timeout, self.server.metrics
+        backlog = _Backlog(timeout)
         while True:
             item = await self.outbox.get()
             if isinstance(item, _GoingAway):
                 await self.ws.close(1001, "server shutting down")
                 return
             data = item if isinstance(item, bytes) else encode_text(item)
-            with anyio.move_on_after(timeout) as scope:
+            left = backlog.seconds_left(self.ws.transport.get_write_buffer_size(), time.monotonic())
+            with anyio.move_on_after(left) as scope:
                 await self.ws.send(data)
+            backlog.sent(self.ws.transport.get_write_buffer_size())
             if scope.cancelled_caught:
                 raise _CloseWith(
                     ErrorCode.OVERLOADED, f"listener too slow: nothing was read for {timeout:g} s"

@@ -41,6 +41,7 @@ class DecoderGroup:
         self.decoders, self.names = list(decoders), list(names)
         self.codec = decoders[0].codec
         self.mode = decoders[0].mode
+        self.min_emit = decoders[0].min_emit  # the decoders are built alike
 
     @property
     def max_streams(self) -> int | None:

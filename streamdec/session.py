@@ -7,6 +7,15 @@ No asyncio, no threads, no device work. The async shell (:mod:`streamdec.streami
     tile = session.complete(job, audio)     # audio of the emitted frames -> Tile
     session.end()                           # no more chunks; the remaining frames become due
 
+It also decides *when* ready frames go out below the emission target, as a pure function of the clock the
+shell passes in (``now``), the listener's deadline and the stream's measured decode time
+(:class:`FlushPolicy`)::
+
+    wait = session.flush_wait(now)          # how long the shell may wait for a chunk; None: no limit
+    job = session.next_job(flush=True)      # that wait ran out: the ready frames go out now
+    session.decoded(seconds)                # submit-to-result time of a call, for the next estimate
+    session.first_audio(now)                # the listener's clock starts at the first tile
+
 The session keeps only the latents a future window can still reach (``planner.history_frames`` before
 the next emitted frame), so memory stays bounded however long the stream runs.
 """
@@ -23,7 +32,76 @@ import torch
 from .errors import ConfigError, DTypeError, InputError, NonFiniteError, ShapeError, StreamEndedError
 from .planning import StreamPlanner, Window
 
-__all__ = ["Job", "StatefulSession", "StepJob", "StepPolicy", "StreamSession", "Tile", "as_latents"]
+__all__ = [
+    "DECODE_TIME_SMOOTHING",
+    "FLUSH_MARGIN_S",
+    "MIN_PULL_WAIT_S",
+    "FlushPolicy",
+    "Job",
+    "StatefulSession",
+    "StepJob",
+    "StepPolicy",
+    "StreamSession",
+    "Tile",
+    "as_latents",
+]
+
+#: weight of the newest decode time in a stream's moving average of its submit-to-result time
+DECODE_TIME_SMOOTHING = 0.3
+#: how long before a listener would run dry its ready frames are flushed, beyond the recent decode time:
+#: the trip to the listener, event-loop lag included (10 ms under-ran at 60 streams on a loaded host)
+FLUSH_MARGIN_S = 0.04
+#: the shortest wait for a chunk before flushing: a source with the next chunk at hand delivers it within
+MIN_PULL_WAIT_S = 0.001
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    """When a stream's ready frames go out before the emission schedule asks: pure, clock passed in.
+
+    The listener starts playing ``prebuffer_s`` after the stream's first tile and then consumes audio in
+    real time, so the stream's *deadline* is ``first_audio + prebuffer_s + audio sent so far`` (before the
+    first tile: now, the listener is already waiting). Ready frames must be submitted a decode time
+    (``decode_s``, a moving average of this stream's submit-to-result time, queueing included) plus
+    ``margin_s`` before it::
+
+        now ......... flush_at = deadline - decode_s - margin_s ......... deadline
+        wait for a chunk  |  then send what is ready    | decode |  trip  |  listener runs dry
+
+    A larger margin flushes more often and, where a decode costs about the audio a tile carries, spends
+    more calls than it saves stalls.
+    """
+
+    prebuffer_s: float = 0.1
+    margin_s: float = FLUSH_MARGIN_S
+    smoothing: float = DECODE_TIME_SMOOTHING
+    min_wait_s: float = MIN_PULL_WAIT_S
+
+    def __post_init__(self) -> None:
+        for name in ("prebuffer_s", "margin_s", "min_wait_s"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise ConfigError(f"flush policy {name}={value!r} must be a finite number of seconds >= 0")
+        if not 0 < self.smoothing <= 1:
+            raise ConfigError(f"flush policy smoothing={self.smoothing!r} must be in (0, 1]")
+
+    def deadline(self, first_audio_at: float | None, played_s: float, now: float) -> float:
+        """When the listener runs out of audio, having been sent ``played_s`` seconds of it."""
+        if first_audio_at is None:
+            return now
+        return first_audio_at + self.prebuffer_s + played_s
+
+    def smoothed(self, estimate: float | None, sample: float) -> float:
+        """The decode-time estimate after one more measured ``sample`` (the first sample is taken as is)."""
+        if estimate is None:
+            return sample
+        return (1 - self.smoothing) * estimate + self.smoothing * sample
+
+    def wait(self, now: float, deadline: float, decode_s: float | None) -> float:
+        """Seconds the shell may wait for a chunk before the ready frames must go out (>= ``min_wait_s``:
+        a source that has the next chunk at hand delivers it within that)."""
+        flush_at = deadline - (decode_s or 0.0) - self.margin_s
+        return max(flush_at - now, self.min_wait_s)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,13 +168,63 @@ def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -
 
 
 class _Intake:
-    """What every session shares: validated latents buffered from frame ``_base`` to ``received``."""
+    """What every session shares: validated latents buffered from frame ``_base`` to ``received``, and the
+    stream's pacing (first tile, decode-time estimate) under its :class:`FlushPolicy`."""
 
     latent_dim: int
+    hop_size: int
     allow_non_finite: bool
     _buf: torch.Tensor
     received: int
     ended: bool
+    completed_frames: int
+    flush_policy: FlushPolicy
+    sample_rate: int | None
+    first_audio_at: float | None
+    decode_s: float | None
+
+    def _init_pacing(self, flush_policy: FlushPolicy | None, sample_rate: int | None) -> None:
+        if sample_rate is not None and sample_rate < 1:
+            raise ConfigError(f"sample_rate must be >= 1 Hz, got {sample_rate}")
+        self.flush_policy = flush_policy or FlushPolicy()
+        self.sample_rate = sample_rate
+        self.first_audio_at = None  # the caller's clock at the first tile
+        self.decode_s = None  # moving average of this stream's submit-to-result time
+
+    @property
+    def ready_frames(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def call_room(self) -> int:
+        """Frames the next call could still take beyond those buffered (0: more would wait for a later
+        call). A stream that fell behind takes what is at hand up to this, so its calls grow instead of
+        each carrying one chunk while the backlog grows."""
+        raise NotImplementedError
+
+    # -- pacing: pure, the caller passes its clock ---------------------------------------------------
+    def deadline(self, now: float) -> float:
+        """When this stream's listener runs out of audio (see :meth:`FlushPolicy.deadline`)."""
+        if self.sample_rate is None:
+            raise ConfigError("this session was built without sample_rate: deadlines need it")
+        played = self.completed_frames * self.hop_size / self.sample_rate
+        return self.flush_policy.deadline(self.first_audio_at, played, now)
+
+    def flush_wait(self, now: float) -> float | None:
+        """How long to wait for the next chunk before ready frames go out below the emission target;
+        None: no limit (nothing is ready, or nobody listens yet: the first tile follows the schedule)."""
+        if self.first_audio_at is None or self.ready_frames == 0:
+            return None
+        return self.flush_policy.wait(now, self.deadline(now), self.decode_s)
+
+    def decoded(self, seconds: float) -> None:
+        """One call of this stream took ``seconds`` from submit to result."""
+        self.decode_s = self.flush_policy.smoothed(self.decode_s, seconds)
+
+    def first_audio(self, now: float) -> None:
+        """A tile went to the listener at ``now``; the first one starts the listener's clock."""
+        if self.first_audio_at is None:
+            self.first_audio_at = now
 
     def feed(self, chunk: Any) -> int:
         """Buffer one chunk; returns its frame count. Empty chunks are fine."""
@@ -126,9 +254,12 @@ class StreamSession(_Intake):
         hop_size: int,
         pad_latent: torch.Tensor,
         allow_non_finite: bool = False,
+        flush_policy: FlushPolicy | None = None,
+        sample_rate: int | None = None,
     ) -> None:
         if tuple(pad_latent.shape) != (latent_dim,):
             raise ConfigError(f"pad_latent has shape {tuple(pad_latent.shape)}, expected ({latent_dim},)")
+        self._init_pacing(flush_policy, sample_rate)
         self.planner = planner
         self.latent_dim = latent_dim
         self.hop_size = hop_size
@@ -150,6 +281,11 @@ class StreamSession(_Intake):
     def ready_frames(self) -> int:
         """Frames whose right context has arrived but that are in no window yet."""
         return max(0, self.planner.ready(self.received, self.ended))
+
+    @property
+    def call_room(self) -> int:
+        unplanned = self.received - self.planner.emitted  # includes the right context of what is ready
+        return max(0, self.planner.max_emit + self.planner.right - unplanned)
 
     def next_job(self, *, flush: bool = False) -> Job | None:
         """The next window to decode with its latents, or None until one is due (see ``flush`` in
@@ -285,8 +421,9 @@ class StatefulSession(_Intake):
 
     def __init__(
         self, policy: StepPolicy, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor,
-        allow_non_finite: bool = False,
+        allow_non_finite: bool = False, flush_policy: FlushPolicy | None = None, sample_rate: int | None = None,
     ) -> None:  # fmt: skip
+        self._init_pacing(flush_policy, sample_rate)
         self.policy = policy
         self.latent_dim = latent_dim
         self.hop_size = hop_size
@@ -312,6 +449,11 @@ class StatefulSession(_Intake):
     def ready_frames(self) -> int:
         """Frames a step could take now (none before the prime: it needs its own size)."""
         return self.received - self.fed if self.primed else 0
+
+    @property
+    def call_room(self) -> int:
+        largest = self.policy.step_sizes[-1] if self.primed else self.policy.prime_sizes[-1]
+        return max(0, largest - (self.received - self.fed))
 
     def next_job(self, *, flush: bool = False) -> StepJob | None:
         """The next call, or None until one is due. ``flush``: the listener is about to run dry, so any

@@ -1,7 +1,7 @@
 """The thin async shell: ``StreamDecoder`` and its ``decode_tiles`` iterator.
 
-Data flows one way: chunks -> :class:`~streamdec.session.StreamSession` (plans windows) -> engine (decodes
-off the event loop) -> tiles. Intake is pull-based: a chunk is read from the caller's iterable only when
+Data flows one way: chunks -> :class:`~streamdec.session.StreamSession` (plans windows, decides when to
+flush) -> engine (decodes off the event loop) -> tiles. The shell only moves data and reads the clock. Intake is pull-based: a chunk is read from the caller's iterable only when
 the session has no due window, so a slow consumer of tiles stops chunk intake instead of growing buffers.
 
 Example::
@@ -29,18 +29,11 @@ from .codecs.stateful import StatefulNet, supports_stateful
 from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
 from .errors import ConcurrentIterationError, ConfigError, EngineClosedError, NonFiniteOutputError, ShapeError
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
-from .session import Job, StatefulSession, StepJob, StepPolicy, StreamSession, Tile, as_latents
+from .session import FlushPolicy, Job, StatefulSession, StepJob, StepPolicy, StreamSession, Tile, as_latents
 
 Mode = Literal["stateful", "halo"]
 #: stateful stream slots a decoder allocates when ``max_streams`` is not given
 DEFAULT_MAX_STREAMS = 64
-#: weight of the newest decode time in a stream's moving average of its submit-to-result time
-DECODE_TIME_SMOOTHING = 0.3
-#: how long before a listener would run dry its ready frames are flushed, beyond the recent decode time:
-#: the trip to the listener, event-loop lag included (10 ms under-ran at 60 streams on a loaded host)
-FLUSH_MARGIN_S = 0.04
-#: the shortest wait for a chunk before flushing: a source with the next chunk at hand delivers it within
-MIN_PULL_WAIT_S = 0.001
 #: the largest stateful step when ``max_emit`` is not given: more frames per call buy little once a
 #: frame is decoded once, and every step size is a captured shape
 DEFAULT_MAX_STEP = 16
@@ -111,6 +104,7 @@ class StreamDecoder:
         if listener_prebuffer < 0:
             raise ConfigError(f"listener_prebuffer must be >= 0 seconds, got {listener_prebuffer}")
         self.listener_prebuffer = listener_prebuffer
+        self.flush_policy = FlushPolicy(prebuffer_s=listener_prebuffer)
         self.policy: StepPolicy | None = None
         if self.mode == "stateful":
             if engine is None:
@@ -211,7 +205,9 @@ class StreamDecoder:
     ) -> TileStream:
         """Decode one stream: iterate the returned object for its tiles, in order.
 
-        ``chunks`` is an async or plain iterable of ``[T, D]`` / ``[1, T, D]`` arrays or tensors. Bad
+        ``chunks`` is an async or plain iterable of ``[T, D]`` / ``[1, T, D]`` arrays or tensors; an async
+        one may also offer ``take_ready()`` (the next chunk if it is already at hand, else None, never
+        waiting), so that a stream behind real time decodes its backlog in larger calls. Bad
         chunks raise :class:`~streamdec.errors.InputError` subclasses out of the iteration. Breaking out,
         ``aclose()`` or cancelling the consuming task stops the stream's work and frees it.
         """
@@ -231,6 +227,8 @@ class StreamDecoder:
                 hop_size=self.codec.hop_size,
                 pad_latent=self.codec.pad_latent,
                 allow_non_finite=allow,
+                flush_policy=self.flush_policy,
+                sample_rate=self.codec.sample_rate,
             )
             slot = self.engine.open_slot()  # TooManyStreamsError when every slot is taken: refused now
             return TileStream(self, stateful, chunks, next(self._ids), slot=slot)
@@ -244,7 +242,9 @@ class StreamDecoder:
             latent_dim=self.codec.latent_dim,
             hop_size=self.codec.hop_size,
             pad_latent=self.codec.pad_latent,
-            allow_non_finite=self.allow_non_finite if allow_non_finite is None else allow_non_finite,
+            allow_non_finite=allow,
+            flush_policy=self.flush_policy,
+            sample_rate=self.codec.sample_rate,
         )
         return TileStream(self, session, chunks, next(self._ids))
 
@@ -298,8 +298,6 @@ class TileStream(AsyncIterator[Tile]):
         self._is_async = isinstance(chunks, AsyncIterable)
         self._pending: asyncio.Future[Any] | None = None  # a pull from an async source still waiting
         self._closed = False
-        self.first_audio_at: float | None = None  # time.monotonic() of the first tile
-        self._decode_s = 0.0  # recent decode latency of this stream's windows (moving average)
         decoder._stats.open_streams += 1
         decoder._stats.streams += 1
 
@@ -328,11 +326,7 @@ class TileStream(AsyncIterator[Tile]):
                 raise StopAsyncIteration
             began = time.monotonic()
             audio = await self._decode(job)
-            elapsed = time.monotonic() - began
-            weight = DECODE_TIME_SMOOTHING
-            self._decode_s = (
-                elapsed if self._decode_s == 0.0 else (1 - weight) * self._decode_s + weight * elapsed
-            )
+            self.session.decoded(time.monotonic() - began)
             self._check_output(job, audio)
             tile = self._complete(job, audio)
         except StopAsyncIteration:
@@ -343,8 +337,7 @@ class TileStream(AsyncIterator[Tile]):
             raise
         finally:
             self._busy = False
-        if self.first_audio_at is None:
-            self.first_audio_at = time.monotonic()
+        self.session.first_audio(time.monotonic())
         self.decoder._stats.tiles += 1
         self.decoder._stats.frames += tile.frames
         return tile
@@ -356,13 +349,12 @@ class TileStream(AsyncIterator[Tile]):
         dry: waiting for a chunk stops at the flush time, and the ready frames go out below the target.
         """
         while True:
+            self._take_ready()
             job = self.session.next_job()
             if job is not None or self.session.finished:
                 return job
-            flush_in = self._flush_in()
             try:
-                # At least 1 ms: a source that has the next chunk at hand delivers it within that.
-                chunk = await self._pull(timeout=None if flush_in is None else max(flush_in, MIN_PULL_WAIT_S))
+                chunk = await self._pull(timeout=self.session.flush_wait(time.monotonic()))
             except StopAsyncIteration:
                 self.session.end()
                 continue
@@ -374,14 +366,26 @@ class TileStream(AsyncIterator[Tile]):
                 continue
             self.session.feed(chunk)
 
-    def _flush_in(self) -> float | None:
-        """Seconds until ready frames must go out for the listener not to run dry; None: no need."""
-        if self.first_audio_at is None or self.session.ready_frames == 0:
-            return None
-        # Lead: this stream's recent submit-to-result time (queueing behind other streams included),
-        # plus the trip to the listener. A larger lead flushes more often and, on a device whose decode
-        # time is near the audio a tile carries, costs more windows than it saves stalls.
-        return self._deadline() - (self._decode_s + FLUSH_MARGIN_S) - time.monotonic()
+    @property
+    def first_audio_at(self) -> float | None:
+        """``time.monotonic()`` of the stream's first tile, None before it."""
+        return self.session.first_audio_at
+
+    def _take_ready(self) -> None:
+        """Feed the chunks an async source already holds, up to what the next call can take.
+
+        Without this a stream that fell behind (a decode slower than its chunk period) pulls one chunk
+        per call and every call carries one chunk's frames, so it never catches up; with it the calls grow
+        to the largest size. The source opts in with ``take_ready() -> chunk | None`` (never waits).
+        """
+        take = getattr(self._source, "take_ready", None)
+        if take is None or self._pending is not None:  # a pull in flight gets the next chunk first
+            return
+        while self.session.call_room > 0 and not self.session.ended:
+            chunk = take()
+            if chunk is None:
+                return
+            self.session.feed(chunk)
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
@@ -446,13 +450,7 @@ class TileStream(AsyncIterator[Tile]):
         )
 
     def _deadline(self) -> float:
-        """When this stream's listener runs out of audio: now, before the first tile; after it, the
-        listener is assumed to start playing ``listener_prebuffer`` seconds after its first tile."""
-        if self.first_audio_at is None:
-            return time.monotonic()
-        codec = self.decoder.codec
-        played = self.session.completed_frames * codec.hop_size / codec.sample_rate
-        return self.first_audio_at + self.decoder.listener_prebuffer + played
+        return self.session.deadline(time.monotonic())
 
     def __del__(self) -> None:
         # An iterator dropped without aclose() (a `break` outside `async with`) still gives back its slot

@@ -58,9 +58,12 @@ async def _build(options: DecoderOptions) -> Any:
         codec.precision = check_precision(options.precision)
     extra: dict[str, Any] = {}
     if options.engine == "simulated":
-        from streamdec.engine.simulated import SimulatedCost, SimulatedEngine
+        from streamdec import supports_stateful
+        from streamdec.engine.simulated import DEFAULT_SIMULATED_SLOTS, SimulatedCost, simulated_engine
 
-        extra["engine"] = SimulatedEngine(codec, cost=SimulatedCost.parse(options.simulated_cost_ms))
+        slots = DEFAULT_SIMULATED_SLOTS if supports_stateful(codec) else 0
+        cost = SimulatedCost.parse(options.simulated_cost_ms)
+        extra["engine"] = simulated_engine(codec, cost=cost, max_streams=slots)
     elif codec.pad_latent.device.type == "cuda":  # as serve: warm every bucket, then never capture again
         extra.update(on_frozen_miss="eager")
         if options.inductor_cache:

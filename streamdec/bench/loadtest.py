@@ -450,10 +450,10 @@ class Reference:
         import torch
 
         from streamdec import StreamDecoder, load_codec
-        from streamdec.engine.simulated import SimulatedEngine
+        from streamdec.engine.simulated import simulated_engine
 
         codec = load_codec(self.codec_name, device=self.device)
-        engine = SimulatedEngine(codec) if self.engine == "simulated" else None
+        engine = simulated_engine(codec) if self.engine == "simulated" else None
         async with StreamDecoder(
             codec, engine=engine, min_emit=self.s.min_emit, max_emit=self.s.max_emit
         ) as dec:

@@ -5,6 +5,7 @@
 * :mod:`.scheduler` - pure cross-stream batch packing
 * :mod:`.graphs`    - compiled and plain CUDA graphs, captured once and replayed
 * :mod:`.slots`     - the device pool of per-stream layer state (stateful mode)
+* :mod:`.simulated` - a simulated device for host-path measurements (stand-in audio, modelled delay)
 
 :func:`create_engine` builds the engine for a codec.
 """

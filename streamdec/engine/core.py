@@ -23,6 +23,10 @@ engine stream is ordered after the previous one's D2H copy, and users only ever 
 copy. Pinned staging buffers come from PyTorch's caching host allocator, which holds a block until the
 copy that reads or writes it has completed on the stream.
 
+With ``simulated=SimulatedCost(...)`` (a measurement tool, see :mod:`.simulated`) the same machinery runs
+and only the device call differs: it sleeps the modelled cost and returns stand-in audio, never calling the
+codec.
+
 On a CPU codec the same machinery runs with the eager tier and no events. There the engine caps PyTorch's
 intra-op threads at ``cpu_threads`` (default: cores - 1) while it runs: the pool is process-wide, and when
 its threads fill every core each wake-up of the event loop preempts one of them while the others spin at
@@ -51,6 +55,7 @@ from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
+from .simulated import SimulatedCost, SimulatedTier
 from .slots import SlotAllocator, StatePool
 
 __all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAME_BUDGET", "DecodeEngine"]
@@ -106,6 +111,8 @@ class DecodeEngine(Engine):
     * ``max_inflight`` - replays queued on the stream at once (default 2).
     * ``cost`` - ``(batch, frames) -> relative time`` for the scheduler; warm-up replaces it by measured
       replay times for warmed buckets.
+    * ``simulated`` - a :class:`~.simulated.SimulatedCost`: simulate the device (a measurement tool; the
+      codec is never called, see :mod:`.simulated`); built by :func:`~.simulated.simulated_engine`.
     """
 
     def __init__(
@@ -129,6 +136,7 @@ class DecodeEngine(Engine):
         max_inflight: int = 2,
         poll_interval: float = 1e-4,
         cost: CostFn | None = None,
+        simulated: SimulatedCost | None = None,
     ) -> None:
         if completion not in ("thread", "poll"):
             raise ConfigError(f"completion must be 'thread' or 'poll', got {completion!r}")
@@ -147,16 +155,29 @@ class DecodeEngine(Engine):
         self.hold_lead = hold_lead
         self._saved_threads: int | None = None
         pad = codec.pad_latent.detach()
-        self.device = pad.device
+        self.device = torch.device("cpu") if simulated is not None else pad.device
+        self.hop = int(codec.hop_size)
+        self.channels = int(codec.channels)
+        self.simulated = (
+            None
+            if simulated is None
+            else SimulatedTier(
+                simulated,
+                self.hop,
+                self.channels,
+                slots=max_streams,
+                right_frames=self.net.right_frames if self.net is not None else 0,
+            )
+        )
         if cpu_threads is None:
             # A GPU engine's host work is small copies and conversions on the event loop: PyTorch's
             # intra-op pool only adds wake-ups there (one 7,680-sample conversion took 8 ms on two threads
             # and 0.24 ms on one on a loaded host).
-            cpu_threads = 1 if self.device.type == "cuda" else max(1, (os.cpu_count() or 1) - 1)
+            # A simulated device leaves the host the same small work.
+            host_only = self.device.type == "cuda" or self.simulated is not None
+            cpu_threads = 1 if host_only else max(1, (os.cpu_count() or 1) - 1)
         self.cpu_threads = cpu_threads
         self.dtype = pad.dtype
-        self.hop = int(codec.hop_size)
-        self.channels = int(codec.channels)
         self.latent_dim = int(codec.latent_dim)
         self.options = TierOptions(
             graphs=graphs and not env_flag("STREAMDEC_NO_GRAPHS"),
@@ -201,6 +222,17 @@ class DecodeEngine(Engine):
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         self._saved_threads = torch.get_num_threads()
         torch.set_num_threads(min(self._saved_threads, self.cpu_threads))
+        if self.simulated is None:
+            self._start_tiers()
+        loop = asyncio.get_running_loop()
+        if self.completion == "poll":
+            self._completer = PollCompleter(loop, self.poll_interval)
+        else:
+            self._completer = ThreadCompleter()
+        self._thread = threading.Thread(target=self._run, name="streamdec-cuda", daemon=True)
+        self._thread.start()
+
+    def _start_tiers(self) -> None:
         self._tiers = GraphTiers(
             static_forward(self.codec),
             latent_dim=self.latent_dim,
@@ -212,18 +244,13 @@ class DecodeEngine(Engine):
         )
         if self.net is not None:
             self._tiers.state = StatePool(self.net, self.max_streams, device=self.device, dtype=self.dtype)
-        loop = asyncio.get_running_loop()
-        if self.completion == "poll":
-            self._completer = PollCompleter(loop, self.poll_interval)
-        else:
-            self._completer = ThreadCompleter()
-        self._thread = threading.Thread(target=self._run, name="streamdec-cuda", daemon=True)
-        self._thread.start()
 
     async def warmup(self, window_sizes: tuple[int, ...]) -> WarmupReport:
         """Compile/capture one graph per (batch bucket, window size); time each replay for the scheduler."""
         await self.start()
         keys = [BucketKey(b, int(f)) for f in sorted(set(window_sizes)) for b in self.batch_buckets]
+        if self.simulated is not None:
+            return self._simulated_warmup(keys)
         return await self._call_on_device(lambda: self._warm(keys))
 
     async def warmup_steps(self, keys: tuple[tuple[str, int], ...]) -> WarmupReport:
@@ -235,10 +262,23 @@ class DecodeEngine(Engine):
         buckets = [
             BucketKey(b, int(f), kind) for kind, f in sorted(set(keys)) for b in sched.buckets_for(kind, f)
         ]
+        if self.simulated is not None:
+            return self._simulated_warmup(buckets)
         return await self._call_on_device(lambda: self._warm(buckets))
+
+    def _simulated_warmup(self, keys: list[BucketKey]) -> WarmupReport:
+        assert self.simulated is not None
+        return WarmupReport(
+            buckets=tuple((k.batch, k.frames) for k in keys),
+            notes=(
+                f"simulated device (a measurement tool): cost {self.simulated.cost} ms per call, per frame",
+            ),
+        )
 
     def freeze(self) -> None:
         """From now on a shape with no graph is an error (or a counted eager decode), never a capture."""
+        if self.simulated is not None:
+            return  # a simulated device captures nothing
         if self._tiers is None:
             raise EngineError("freeze() before start(): start and warm up the engine first")
         self._tiers.freeze()
@@ -460,6 +500,9 @@ class DecodeEngine(Engine):
         self._completer.submit(item)
 
     def _device_call(self, key: BucketKey, live: list[_Pending]) -> tuple[Inflight, str]:
+        if self.simulated is not None:
+            lo, hi, waiters = self._waiters(key, live)
+            return self._simulated_call(key, live, waiters, lo, hi), "simulated"
         tiers = self.tiers
         frozen_miss = tiers.is_frozen_miss(key)
         graph = tiers.lookup(key)  # may capture (not frozen) or raise CaptureFrozenError
@@ -553,6 +596,23 @@ class DecodeEngine(Engine):
         else:
             decoded = self.tiers.eager_call(key.kind, self._slots_of(live, len(live)), x)
         out = decoded[:, :, lo:hi].to("cpu", torch.float32, copy=True)
+        return self._host_inflight(out, waiters, began)
+
+    def _simulated_call(
+        self, key: BucketKey, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int
+    ) -> Inflight:
+        tier = self.simulated
+        assert tier is not None
+        began = time.perf_counter()
+        x = torch.stack([p.request.latents for p in live])  # [rows, frames, D]
+        if key.kind == "window":
+            out = tier.windows(x, lo // self.hop, hi // self.hop)
+        else:
+            out = tier.call(key.kind, self._slots_of(live, len(live)), x)
+        return self._host_inflight(out, waiters, began)
+
+    def _host_inflight(self, out: torch.Tensor, waiters: list[Waiter], began: float) -> Inflight:
+        """A call the host finished already (no events): its output and how long it took."""
         item = Inflight(out, waiters, None, None, on_finish=self._finished)
         item.extra["seconds"] = time.perf_counter() - began
         return item
@@ -578,6 +638,7 @@ class DecodeEngine(Engine):
                 warmed.append(key)
                 if graph.replay_ms is not None:
                     self._measured[key] = graph.replay_ms
+        self._scheduler.forget_plans()  # the cost model now has measured replays
         failed = [k for k in tiers.failed if k in keys]
         if cuda:
             torch.cuda.synchronize(self.device)

@@ -1,45 +1,53 @@
-"""A measurement tool, not a decoder: an engine that models a device's delay and returns stand-in audio.
+"""A measurement tool, not a decoder: the engine's simulated device, which models a delay and returns
+stand-in audio.
 
-``SimulatedEngine`` lets the host path (websocket server, protocol, ``StreamDecoder``, event loop) be
-measured on any machine, a 2-core CPU included, without the codec's cost hiding it. It honours the
-:class:`~streamdec.engine.base.Engine` contract exactly (off-loop work, batching of whatever is queued,
-cancellation, a fresh ``[channels, emit_frames * hop]`` float32 tensor per window), but its "decode" is:
+``simulated_engine(codec)`` is the one :class:`~streamdec.engine.core.DecodeEngine` (same queue,
+scheduler, batching, completion, cancellation, stateful slots) with its "run a bucket" step replaced by
+:class:`SimulatedTier`. It lets the host path (websocket server, protocol, ``StreamDecoder``, event loop)
+be measured on any machine, a 2-core CPU included, without the codec's cost hiding it. A call:
 
-* a delay from :class:`SimulatedCost`: ``fixed_ms`` per device call plus ``per_frame_ms`` per window
-  frame of every row in the call (``0,0`` measures the host path alone);
-* audio that is a cheap pure function of each *emitted* frame's latents (:func:`stand_in_audio`): frame
-  ``f`` becomes ``hop`` samples of one sine period scaled by ``0.2 + 0.3 * tanh(latents[f, 0])``. So a
-  stream's audio depends on its latents only, never on how they were chunked or windowed, and the
-  streamed audio of any stream equals :meth:`StreamDecoder.decode` of the same latents, bit for bit: a
-  load test can check routing, order and completeness of every sample.
+* sleeps the delay of :class:`SimulatedCost`: ``fixed_ms`` per device call plus ``per_frame_ms`` per
+  frame of every stream's row in the call (``0,0`` measures the host path alone);
+* returns audio that is a cheap pure function of each *emitted* frame's latents
+  (:func:`stand_in_frames`): frame ``f`` becomes ``hop`` samples of one sine period scaled by
+  ``0.2 + 0.3 * tanh(latents[f, 0])``. So a stream's audio depends on its latents only, never on how they
+  were chunked, windowed or stepped, and the streamed audio of any stream (halo or stateful mode) equals
+  :meth:`StreamDecoder.decode` of the same latents, bit for bit: a load test can check routing, order and
+  completeness of every sample.
 
 Never use it to produce audio anyone listens to. Select it with
-``StreamDecoder(codec, engine=SimulatedEngine(codec, cost=SimulatedCost(2.0, 0.01)))`` or
-``streamdec serve --engine simulated --simulated-cost-ms 2,0.01``; the codec only supplies geometry
-(hop size, channels, latent width) and is never called.
-
-The logic is in small pure functions (:func:`call_seconds`, :func:`stand_in_audio`, :func:`plan_calls`)
-so that it can become a tier of a general engine unchanged.
+``StreamDecoder(codec, engine=simulated_engine(codec, cost=SimulatedCost(2.0, 0.01), max_streams=64))``
+or ``streamdec serve --engine simulated --simulated-cost-ms 2,0.01``; the codec only supplies geometry
+(hop size, channels, latent width, the stateful lag) and is never called.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..codecs import Codec
-from ..errors import ConfigError, EngineClosedError
-from .base import Engine, EngineStats, WarmupReport, WindowRequest
+from ..errors import ConfigError
+from .base import WindowRequest
 
-__all__ = ["SimulatedCost", "SimulatedEngine", "call_seconds", "plan_calls", "stand_in_audio"]
+if TYPE_CHECKING:
+    from ..codecs import Codec
+    from .core import DecodeEngine
+
+__all__ = [
+    "DEFAULT_SIMULATED_SLOTS",
+    "SimulatedCost",
+    "SimulatedTier",
+    "call_seconds",
+    "plan_calls",
+    "simulated_engine",
+    "stand_in_audio",
+    "stand_in_frames",
+]
 
 
 @dataclass(frozen=True)
@@ -92,165 +100,103 @@ def sine_period(hop: int) -> torch.Tensor:
     return torch.sin(torch.arange(hop, dtype=torch.float64) * (2 * math.pi / hop)).float()
 
 
+def stand_in_frames(first: torch.Tensor, period: torch.Tensor, channels: int) -> torch.Tensor:
+    """``[..., channels, n * hop]`` float32 stand-in audio of frames whose first latent is ``first`` ``[..., n]``.
+
+    The gain is computed in float64 and rounded once: PyTorch's CPU ``tanh`` takes a vectorised path for
+    most elements and a scalar one for a remainder, which may differ in the last float32 bit, and a frame's
+    audio must not depend on where in a batch it sat.
+    """
+    gain = (0.2 + 0.3 * torch.tanh(first.double())).float()  # never silent, bounded well inside [-1, 1]
+    mono = (gain[..., :, None] * period).flatten(-2).unsqueeze(-2)  # [..., 1, n * hop], a fresh tensor
+    return mono.expand(*mono.shape[:-2], channels, -1).clone() if channels > 1 else mono
+
+
 def stand_in_audio(request: WindowRequest, period: torch.Tensor, channels: int) -> torch.Tensor:
     """``[channels, emit_frames * hop]`` float32 for the emitted frames of ``request`` (see module doc)."""
     lo = request.emit_offset
-    first = request.latents[lo : lo + request.emit_frames, 0].float()
-    gain = 0.2 + 0.3 * torch.tanh(first)  # [emit_frames]: never silent, bounded well inside [-1, 1]
-    mono = (gain[:, None] * period[None, :]).reshape(1, -1)  # [1, emit_frames * hop], a fresh tensor
-    return mono.expand(channels, -1).clone() if channels > 1 else mono
+    return stand_in_frames(request.latents[lo : lo + request.emit_frames, 0], period, channels)
 
 
 @dataclass(eq=False)
-class _Pending:
-    request: WindowRequest
-    future: asyncio.Future[torch.Tensor]
-    loop: asyncio.AbstractEventLoop
+class SimulatedTier:
+    """The "run a bucket" step of :class:`~streamdec.engine.core.DecodeEngine` when it simulates a device.
 
-
-_STOP = object()
-
-
-class SimulatedEngine(Engine):
-    """A modelled device on a worker thread; see the module docstring. A measurement tool only."""
-
-    def __init__(
-        self,
-        codec: Codec,
-        *,
-        cost: SimulatedCost | None = None,
-        max_batch: int = 256,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        if max_batch < 1:
-            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
-        self.cost = cost or SimulatedCost()
-        self.max_batch = max_batch
-        self.device = torch.device("cpu")
-        self.hop_size = codec.hop_size
-        self.channels = codec.channels
-        self._period = sine_period(codec.hop_size)
-        self._sleep = sleep
-        self._queue: queue.SimpleQueue[_Pending | object] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._stats = EngineStats()
-        self._lock = threading.Lock()  # guards _stats between the worker and readers
-
-    # -- lifecycle ---------------------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._closed:
-            raise EngineClosedError("engine is closed: create a new one")
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="streamdec-simulated", daemon=True)
-            self._thread.start()
-
-    async def warmup(self, window_sizes: tuple[int, ...]) -> WarmupReport:
-        await self.start()
-        return WarmupReport(
-            buckets=tuple((1, f) for f in window_sizes),
-            notes=(f"simulated engine (a measurement tool): cost {self.cost} ms per call, per frame",),
-        )
-
-    async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            await asyncio.to_thread(self._thread.join)
-        self._fail_queued()
-
-    # -- requests ----------------------------------------------------------------------------------
-    async def decode_window(self, request: WindowRequest) -> torch.Tensor:
-        if self._closed:
-            raise EngineClosedError("decode_window() after aclose(): the engine is closed")
-        if self._thread is None:
-            await self.start()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[torch.Tensor] = loop.create_future()
-        with self._lock:
-            self._stats.queued += 1
-        self._queue.put(_Pending(request, future, loop))
-        return await future  # cancelling the caller cancels `future`; the worker then skips the window
-
-    @property
-    def stats(self) -> EngineStats:
-        with self._lock:
-            return self._stats.snapshot()
-
-    # -- worker ------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            while True:  # drain: everything queued now shares this round, as on a device
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _STOP:
-                    self._queue.put(_STOP)
-                    break
-                batch.append(item)
-            self._round([p for p in batch if isinstance(p, _Pending)])
-
-    def _round(self, pending: list[_Pending]) -> None:
-        live = [p for p in pending if not p.future.cancelled()]
-        with self._lock:
-            self._stats.queued -= len(pending)
-            self._stats.cancelled += len(pending) - len(live)
-        for call in plan_calls([p.request for p in live], self.max_batch):
-            self._call([live[i] for i in call])
-
-    def _call(self, group: list[_Pending]) -> None:
-        began = time.perf_counter()
-        frames = [p.request.window_frames for p in group]
-        delay = call_seconds(self.cost, frames)
-        if delay > 0:
-            self._sleep(delay)
-        results = [(p, stand_in_audio(p.request, self._period, self.channels)) for p in group]
-        with self._lock:
-            self._stats.decodes += 1
-            self._stats.windows += len(group)
-            self._stats.frames += sum(frames)
-            self._stats.decode_seconds += time.perf_counter() - began
-            self._stats.by_tier["simulated"] = self._stats.by_tier.get("simulated", 0) + 1
-        _deliver(results)
-
-    def _fail_queued(self) -> None:
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, _Pending):
-                error = EngineClosedError("engine closed before this window was decoded")
-                item.loop.call_soon_threadsafe(_set_exception, item.future, error)
-
-
-def _deliver(results: list[tuple[_Pending, torch.Tensor]]) -> None:
-    """Resolve a call's futures with one wake-up per event loop, not one per window.
-
-    Each ``call_soon_threadsafe`` writes to the loop's self-pipe; at hundreds of windows per call that
-    is hundreds of syscalls and wake-ups where one does.
+    Runs on the engine's device thread: sleeps the modelled cost, then returns stand-in audio. A stateful
+    stream's "layer state" is the first latent of its last ``right_frames`` frames (``tails``, one row per
+    slot plus the scratch row), so prime, step and flush emit the same frames, as late, as the real ones.
     """
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]] = {}
-    for p, audio in results:
-        by_loop.setdefault(p.loop, []).append((p.future, audio))
-    for loop, items in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # that loop closed meanwhile: nobody awaits these
-            loop.call_soon_threadsafe(_set_results, items)
+
+    cost: SimulatedCost
+    hop: int
+    channels: int
+    slots: int = 0
+    right_frames: int = 0
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        self.period = sine_period(self.hop)
+        self.tails = torch.zeros(self.slots + 1, self.right_frames)  # [slots + 1, right_frames]
+
+    def windows(self, latents: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """``[rows, channels, (hi - lo) * hop]`` for frames ``lo:hi`` of windows ``[rows, frames, D]``."""
+        self._wait([int(latents.shape[1])] * int(latents.shape[0]))
+        return stand_in_frames(latents[:, lo:hi, 0], self.period, self.channels)
+
+    def call(self, kind: str, slots: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """A batched stateful ``kind`` call of rows ``slots`` ``[rows]`` on ``latents`` ``[rows, n, D]``.
+
+        Returns ``[rows, channels, emitted * hop]``: ``n - right_frames`` frames for a prime, ``n`` for a
+        step, ``n + right_frames`` for a flush (see :class:`~streamdec.engine.base.StepRequest`).
+        """
+        n = int(latents.shape[1])
+        self._wait([n] * int(latents.shape[0]))
+        r = self.right_frames
+        new = latents[:, :, 0].float()  # [rows, n]
+        seq = new if kind == "prime" else torch.cat([self.tails.index_select(0, slots), new], dim=1)
+        emitted = {"prime": n - r, "step": n, "flush": n + r}[kind]
+        if kind != "flush":
+            self.tails.index_copy_(0, slots, seq[:, seq.shape[1] - r :])
+        return stand_in_frames(seq[:, :emitted], self.period, self.channels)
+
+    def _wait(self, window_frames: list[int]) -> None:
+        delay = call_seconds(self.cost, window_frames)
+        if delay > 0:
+            self.sleep(delay)
 
 
-def _set_results(items: list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]) -> None:
-    for future, value in items:
-        if not future.done():
-            future.set_result(value)
+#: stateful slots of a simulated engine when none are asked for: host-path runs hold thousands of streams,
+#: and a simulated slot is ``right_frames`` floats
+DEFAULT_SIMULATED_SLOTS = 4096
 
 
-def _set_exception(future: asyncio.Future[torch.Tensor], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+def simulated_engine(
+    codec: Codec,
+    *,
+    cost: SimulatedCost | None = None,
+    max_batch: int = 256,
+    max_streams: int = 0,
+    sleep: Callable[[float], None] = time.sleep,
+    **options: Any,
+) -> DecodeEngine:
+    """A :class:`~streamdec.engine.core.DecodeEngine` whose device is simulated (see the module docstring).
+
+    ``max_batch`` is the largest batch bucket (the buckets are the powers of two below it, and it);
+    ``max_streams`` the stateful slots (0: halo windows only); ``sleep`` waits the modelled cost on the
+    engine's device thread (tests pass one that blocks until released). Other ``options`` go to the engine.
+    """
+    from .core import DecodeEngine  # the engine imports this module for its tier
+
+    if max_batch < 1:
+        raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+    buckets = sorted({1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch})
+    engine = DecodeEngine(
+        codec,
+        simulated=cost or SimulatedCost(),
+        batch_buckets=buckets,
+        max_streams=max_streams,
+        **options,
+    )
+    assert engine.simulated is not None
+    engine.simulated.sleep = sleep
+    return engine

@@ -16,6 +16,7 @@ import torch
 from websockets.exceptions import ConnectionClosed
 
 import streamdec
+from streamdec.engine.simulated import simulated_engine
 from streamdec.protocol import ErrorCode, decode_audio_samples, encode_latents, parse_audio
 from support.server_support import (
     Received,
@@ -175,6 +176,24 @@ async def test_stalled_listener_is_closed_1013_and_freed(fast_codec: Any) -> Non
             assert info.value.rcvd is not None and info.value.rcvd.code == 1013
             last = json.loads(seen[-1])
             assert (last["type"], last["code"], last["stream"]) == ("error", "overloaded", None)
+        finally:
+            await cm.__aexit__(None, None, None)
+
+
+async def test_stalled_listener_gets_1013_before_socket_buffers_hold_much(codec: Any) -> None:
+    """Default socket buffers on both sides: a listener that reads nothing is closed with 1013 once its
+    backlog stops draining, with at most 1 MiB (about 5 s of f32 audio) written for it, not megabytes."""
+    engine = simulated_engine(codec, max_streams=2)  # audio as fast as the host path makes it
+    async with running_server(codec, engine=engine, send_timeout=0.5, close_timeout=30) as server:
+        cm = raw(server.url, max_queue=1, ping_interval=None, close_timeout=1)
+        ws = await cm.__aenter__()
+        try:
+            await ready(ws)
+            await start(ws, 1, format="pcm_f32le")
+            await send_latents(ws, 1, clip(4000, 9, codec.latent_dim), chunk=32)  # 7.7 MB of f32 audio
+            await wait_until(lambda: server.metrics.errors["overloaded"] == 1, timeout=60)
+            assert server.metrics.bytes_out <= 1 << 20
+            await wait_until(lambda: server.open_streams == 0)
         finally:
             await cm.__aexit__(None, None, None)
 

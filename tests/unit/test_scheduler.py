@@ -130,6 +130,23 @@ def test_measured_cost_changes_the_choice() -> None:
     assert s.pop_batch() == (BucketKey(4, 70), [0, 1, 2])
 
 
+def test_a_remembered_cover_is_replanned_after_the_cost_changes() -> None:
+    """Covers are remembered per (kind, frames, count); forget_plans() makes a changed cost count."""
+    costs = {1: 1.0, 2: 1.2, 4: 5.0}
+    s: Scheduler[int] = Scheduler((1, 2, 4), cost=lambda key: costs[key.batch])
+    for i in range(6):
+        s.push(i, 70, 0.0)
+    assert s.pop_batch() == (BucketKey(2, 70), [0, 1])  # 4 costs more than two 2s
+    costs[4] = 1.2
+    for i in range(6, 8):
+        s.push(i, 70, 0.0)
+    assert s.pop_batch() == (BucketKey(2, 70), [2, 3])  # six live again: the remembered cover
+    s.forget_plans()
+    for i in range(8, 10):
+        s.push(i, 70, 0.0)
+    assert s.pop_batch() == (BucketKey(4, 70), [4, 5, 6, 7])
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(

@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 import streamdec
 from streamdec import StreamDecoder
-from streamdec.engine.base import WindowRequest
+from streamdec.engine.base import Engine, WindowRequest
+from streamdec.engine.core import DecodeEngine
 from streamdec.engine.simulated import (
     SimulatedCost,
-    SimulatedEngine,
     call_seconds,
     plan_calls,
+    simulated_engine,
     sine_period,
     stand_in_audio,
 )
@@ -51,9 +52,9 @@ def test_call_seconds_is_fixed_plus_per_frame_over_all_rows() -> None:
 
 
 def _request(
-    frames: int, deadline: float = 0.0, first: float = 0.0, emit: tuple[int, int] = (0, 4)
+    frames: int, deadline: float = 0.0, first: float = 0.0, emit: tuple[int, int] = (0, 4), dim: int = 8
 ) -> WindowRequest:
-    latents = torch.zeros(frames, 8)
+    latents = torch.zeros(frames, dim)
     latents[:, 0] = first
     return WindowRequest(0, latents, emit[0], emit[1], deadline)
 
@@ -85,11 +86,11 @@ async def test_windows_queued_during_a_call_share_the_next_call(codec: Any) -> N
         entered.set()
         release.wait(10)
 
-    engine = SimulatedEngine(codec, cost=SimulatedCost(1.0, 0.0), sleep=sleep)
+    engine = simulated_engine(codec, cost=SimulatedCost(1.0, 0.0), sleep=sleep)
     await engine.start()
-    first = asyncio.ensure_future(engine.decode_window(_request(16)))
+    first = asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim)))
     await asyncio.to_thread(entered.wait, 10)
-    rest = [asyncio.ensure_future(engine.decode_window(_request(16))) for _ in range(5)]
+    rest = [asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim))) for _ in range(5)]
     await asyncio.sleep(0.05)  # let the five reach the queue
     release.set()
     outputs = await asyncio.gather(first, *rest)
@@ -107,10 +108,10 @@ async def test_a_cancelled_queued_window_is_never_decoded(codec: Any) -> None:
         entered.set()
         release.wait(10)
 
-    engine = SimulatedEngine(codec, cost=SimulatedCost(1.0, 0.0), sleep=sleep)
-    first = asyncio.ensure_future(engine.decode_window(_request(16)))
+    engine = simulated_engine(codec, cost=SimulatedCost(1.0, 0.0), sleep=sleep)
+    first = asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim)))
     await asyncio.to_thread(entered.wait, 10)
-    doomed = asyncio.ensure_future(engine.decode_window(_request(16)))
+    doomed = asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim)))
     await asyncio.sleep(0.01)
     doomed.cancel()
     release.set()
@@ -118,7 +119,7 @@ async def test_a_cancelled_queued_window_is_never_decoded(codec: Any) -> None:
     await engine.aclose()
     assert engine.stats.windows == 1 and engine.stats.cancelled == 1
     with pytest.raises(EngineClosedError):
-        await engine.decode_window(_request(16))
+        await engine.decode_window(_request(16, dim=codec.latent_dim))
 
 
 @settings(max_examples=25, deadline=None)
@@ -129,7 +130,7 @@ def test_streamed_equals_offline_for_every_chunking(codec: Any, chunks: list[int
     latents = torch.randn(total, codec.latent_dim, generator=torch.Generator().manual_seed(seed))
 
     async def run() -> tuple[torch.Tensor, torch.Tensor]:
-        async with StreamDecoder(codec, engine=SimulatedEngine(codec), max_emit=16) as dec:
+        async with StreamDecoder(codec, engine=simulated_engine(codec), max_emit=16) as dec:
             parts, begin = [], 0
             for n in chunks:
                 parts.append(latents[begin : begin + n])
@@ -140,3 +141,55 @@ def test_streamed_equals_offline_for_every_chunking(codec: Any, chunks: list[int
     streamed, offline = asyncio.run(run())
     assert streamed.shape == (codec.channels, total * codec.hop_size)
     assert torch.equal(streamed, offline)
+
+
+def test_the_simulated_engine_is_the_one_engine_class(codec: Any) -> None:
+    """Simulation is a tier of DecodeEngine, not a second implementation of the Engine interface."""
+    import streamdec.engine.simulated  # noqa: F401 - every engine module imported before counting
+
+    assert isinstance(simulated_engine(codec), DecodeEngine)
+    ours = [c for c in Engine.__subclasses__() if c.__module__.startswith("streamdec.")]  # not tests' fakes
+    assert ours == [DecodeEngine]
+
+
+@settings(max_examples=20, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12), seed=st.integers(0, 2**16))
+def test_stateful_streamed_equals_offline_for_every_chunking(
+    codec: Any, chunks: list[int], seed: int
+) -> None:
+    """For all chunkings: stateful prime/step/flush through the simulated device equals decode(), bit for bit."""
+    total = sum(chunks)
+    latents = torch.randn(total, codec.latent_dim, generator=torch.Generator().manual_seed(seed))
+
+    async def run() -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
+        engine = simulated_engine(codec, max_streams=2)
+        async with StreamDecoder(codec, engine=engine, mode="stateful", max_emit=8) as dec:
+            parts = [latents[sum(chunks[:i]) : sum(chunks[: i + 1])] for i in range(len(chunks))]
+            tiles = [t.samples async for t in dec.decode_tiles(parts)]
+            return torch.cat(tiles, dim=-1), await dec.decode(latents), dec.stats.engine.by_tier
+
+    streamed, offline, tiers = asyncio.run(run())
+    assert streamed.shape == (codec.channels, total * codec.hop_size)
+    assert torch.equal(streamed, offline)
+    assert set(tiers) == {"simulated"}
+
+
+async def test_stateful_streams_keep_their_own_lag_state(codec: Any) -> None:
+    """Two interleaved stateful streams in shared calls: each hears its own frames, in order."""
+    engine = simulated_engine(codec, max_streams=4)
+    clips = [torch.randn(40, codec.latent_dim, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    async with StreamDecoder(codec, engine=engine, mode="stateful", min_emit=2, max_emit=4) as dec:
+
+        async def one(clip: torch.Tensor) -> torch.Tensor:
+            return torch.cat([t.samples async for t in dec.decode_tiles(list(clip.split(3)))], dim=-1)
+
+        got = await asyncio.gather(*(one(c) for c in clips))
+        want = [await dec.decode(c) for c in clips]
+        steps = dec.stats.engine.windows
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert steps > 2 * 40 // 4  # stateful calls, not one window per clip
+
+
+def test_stateful_without_slots_is_refused(codec: Any) -> None:
+    with pytest.raises(ConfigError, match="max_streams"):
+        StreamDecoder(codec, engine=simulated_engine(codec), mode="stateful")
