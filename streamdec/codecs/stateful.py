@@ -33,7 +33,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ __all__ = [
     "Seq",
     "StateSpec",
     "StatefulNet",
+    "Windowed",
     "layout_of",
     "supports_stateful",
 ]
@@ -165,6 +166,8 @@ class Stateful(Node):
         """Keep the last ``state_len`` samples of ``cat(head, x)`` without building it: a view of ``x`` when
         the step is at least as long as the state, else the state's newer part and ``x``."""
         n = x.shape[-1]
+        if self.state_len == 0:
+            return
         if n >= self.state_len:
             states.put(self.index, x[..., n - self.state_len :])
         else:
@@ -190,14 +193,24 @@ class Stateful(Node):
         self._keep(x, states)
 
 
-class Leaf(Stateful):
-    """A layer whose output ``t`` reads inputs ``t-a .. t+b``, run whole on ``cat(state, x)`` and cropped.
+class Windowed(Protocol):
+    """A layer that gives any window of its output on ``cat(head, x)`` (:meth:`AliasFreeActivation.window`)."""
 
-    Fits any layer with internal edge padding (the alias-free activation pads by replication inside): the
-    crop keeps only outputs that read real samples, and a prime shorter than ``a + b`` is refused.
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+    def window(self, head: Tensor, x: Tensor, start: int, length: int) -> Tensor: ...
+
+
+class Leaf(Stateful):
+    """A layer whose output ``t`` reads inputs ``t-a .. t+b``, run on ``cat(state, x)``, keeping only the
+    outputs that read real samples.
+
+    Fits any layer with internal edge padding (the alias-free activation pads by replication inside): a
+    step asks the layer for the outputs ``a ..`` of its history and new samples (the fused activation
+    reads the two in place and computes nothing else), and a prime shorter than ``a + b`` is refused.
     """
 
-    def __init__(self, layer: nn.Module, channels: int, reach: tuple[int, int]) -> None:
+    def __init__(self, layer: Windowed, channels: int, reach: tuple[int, int]) -> None:
         self.layer = layer
         self.channels = channels
         self.a, self.b = reach
@@ -216,21 +229,16 @@ class Leaf(Stateful):
         out: Tensor = self.layer(x)
         return out[..., : x.shape[-1] - self.b]
 
+    def _history(self, x: Tensor, states: _States) -> Tensor:
+        return states.get(self.index) if self.state_len else x[..., :0]
+
     def step(self, x: Tensor, states: _States) -> Tensor:
-        if self.state_len and isinstance(self.layer, AliasFreeActivation):
-            head = states.get(self.index)
-            self._keep_after(head, x, states)
-            return self.layer.window(head, x, self.a, x.shape[-1])
-        buffer = self._buffer(x, states)
-        self._keep(buffer, states)
-        out: Tensor = self.layer(buffer)
-        return out[..., self.a : self.a + x.shape[-1]]
+        head = self._history(x, states)
+        self._keep_after(head, x, states)
+        return self.layer.window(head, x, self.a, x.shape[-1])
 
     def flush(self, x: Tensor, states: _States) -> Tensor:
-        if self.state_len and isinstance(self.layer, AliasFreeActivation):
-            return self.layer.window(states.get(self.index), x, self.a, self.state_len + x.shape[-1] - self.a)
-        out: Tensor = self.layer(self._buffer(x, states))
-        return out[..., self.a :]
+        return self.layer.window(self._history(x, states), x, self.a, self.b + x.shape[-1])
 
 
 class Conv(Stateful):

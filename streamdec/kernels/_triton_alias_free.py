@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from streamdec import settings
+from streamdec.kernels import sizing
 from streamdec.kernels.sizing import pow2_block
 
 _INV_PI: tl.constexpr = tl.constexpr(0.3183098861837907)
@@ -210,14 +210,13 @@ def _af_blocked_kernel(
 
 BLOCKED_K = 8  # outputs per lane
 _MIN_LANES, _MAX_LANES = 32, 128  # one to four warps per program
-PACK_ROWS = settings.PACK_SHORT_ROWS.value()  # read once at import: captured graphs trace the launch
 
 
 def lane_plan(length: int) -> tuple[int, int]:
     """``(lanes per row, lanes per program)`` for rows of ``length`` samples: one row per program of up to
     four warps, or, for rows shorter than a warp covers, as many whole rows as four warps hold."""
     need = triton.cdiv(length, BLOCKED_K)
-    if PACK_ROWS and need < _MIN_LANES:
+    if sizing.PACK_SHORT_ROWS and need < _MIN_LANES:
         return pow2_block(need, 1, _MIN_LANES), _MAX_LANES
     lanes = pow2_block(need, _MIN_LANES, _MAX_LANES)
     return lanes, lanes

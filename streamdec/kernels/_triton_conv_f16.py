@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from streamdec import settings
 from streamdec.errors import ShapeError
+from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.f16_launch import Tiles, plan
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
@@ -43,8 +43,6 @@ from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 # class: sizes that vary layer by layer stay runtime values (with KSIZE a constexpr and every integer
 # specialised, auk-24k's 1 x 70 and 16 x 70 buckets needed 74 binaries, about a minute of cold start).
 # Only CP stays specialised: it is always a multiple of F16_CHANNEL_QUANTUM, so it costs no extra binary.
-PACK_ROWS = settings.PACK_SHORT_ROWS.value()  # read once at import: captured graphs trace the launch
-
 _RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK"]
 
 
@@ -342,7 +340,8 @@ def conv1d_f16x3(
     time (a transposed convolution run as s ordinary ones): ``y`` is [B, COUT // s, TOUT * s], channel
     ``p * (COUT // s) + c`` at ``y[:, c, p::s]``, and ``residual`` has that shape.
 
-    ``tiles``, ``split`` and ``pack`` (short rows packed, default :data:`PACK_ROWS`) override the launch
+    ``tiles``, ``split`` and ``pack`` (short rows packed, default
+    :data:`streamdec.kernels.sizing.PACK_SHORT_ROWS`) override the launch
     (``scripts/bench_conv_kernels.py`` times candidates); by default :func:`streamdec.kernels.f16_launch.plan`
     decides. None changes a single bit of the result.
     """
@@ -364,7 +363,7 @@ def conv1d_f16x3(
     sms = launch_sms(x_hi.device)
     launch = plan(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split,
-        pack=pack if pack is not None else PACK_ROWS,
+        pack=pack if pack is not None else sizing.PACK_SHORT_ROWS,
     )  # fmt: skip
     w_box = [launch.block_m, launch.block_k]
     if launch.rows > 1:  # short rows packed: 3-D boxes, each row zero-filled past its own end

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["DOT_MIN_EXTENT", "INTERPRETER_SMS", "WARPGROUP_ROWS", "pow2_block"]
+from streamdec import settings
+
+__all__ = ["DOT_MIN_EXTENT", "INTERPRETER_SMS", "PACK_SHORT_ROWS", "WARPGROUP_ROWS", "pow2_block"]
+
+# Whether the float16 convolution and the fused activation pack several short rows into one program
+# (``STREAMDEC_PACK_SHORT_ROWS``). Read once at import: captured graphs trace the launches.
+PACK_SHORT_ROWS = settings.PACK_SHORT_ROWS.value()
 
 # tl.dot needs every block extent to be at least 16.
 DOT_MIN_EXTENT = 16

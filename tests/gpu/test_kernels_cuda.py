@@ -16,7 +16,7 @@ import streamdec.kernels.alias_free as af
 from streamdec.codecs import load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.engine.graphs import static_forward
-from streamdec.kernels import set_fused
+from streamdec.kernels import set_fused, sizing
 
 pytestmark = pytest.mark.cuda
 
@@ -195,7 +195,7 @@ def test_packed_short_rows_give_the_same_bits(length: int, monkeypatch: pytest.M
     x = torch.randn(33 * 96, length, device="cuda") * 3
     results = []
     for pack in (False, True):
-        monkeypatch.setattr(tk, "PACK_ROWS", pack)
+        monkeypatch.setattr(sizing, "PACK_SHORT_ROWS", pack)
         out = torch.full_like(x, float("nan"))
         peak = torch.zeros(33, dtype=torch.int32, device="cuda")
         tk.launch_blocked(x, act.filter.view(af.TAPS), act.act.alpha_exp, act.act.beta_inv, out, peak)
