@@ -43,6 +43,8 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="real-time streams admitted on all connections (default: measured at warm-up)")  # fmt: skip
     parser.add_argument("--max-connections-per-client", type=int, default=defaults.max_connections_per_client,
                         help="connections per client IP address")  # fmt: skip
+    parser.add_argument("--max-handshakes", type=int, default=defaults.max_handshakes,
+                        help="connections in the opening handshake at once; more are refused at accept")  # fmt: skip
     parser.add_argument("--idle-timeout", type=float, default=defaults.idle_timeout,
                         help="seconds a connection with no open stream may send nothing before it is closed")  # fmt: skip
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
@@ -93,6 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_streams_total=args.max_streams_total,
         max_connections_per_client=args.max_connections_per_client,
+        max_handshakes=args.max_handshakes,
         idle_timeout=args.idle_timeout,
         allow_origins=tuple(args.allow_origin),
         public_healthz=args.public_healthz,

@@ -637,10 +637,17 @@ def _settings(args: argparse.Namespace) -> LoadSettings:
     return s
 
 
+#: The server's connection limits, lifted: every client process connects from 127.0.0.1 and opens its
+#: connections at once, which the defaults (made for untrusted clients) would refuse as one abusive peer.
+_UNLIMITED_CONNECTIONS = "100000"
+
+
 def _serve_args(args: argparse.Namespace, s: LoadSettings) -> list[str]:
     return [
         "--host", "127.0.0.1", "--port", "0", "--codec", args.codec, "--device", args.device,
-        "--max-connections", "100000", "--max-streams", str(max(8, s.streams_per_connection)),
+        "--max-connections", _UNLIMITED_CONNECTIONS,
+        "--max-connections-per-client", _UNLIMITED_CONNECTIONS, "--max-handshakes", _UNLIMITED_CONNECTIONS,
+        "--max-streams", str(max(8, s.streams_per_connection)),
         "--min-emit", str(s.min_emit), "--max-emit", str(s.max_emit),
         "--engine", args.engine, "--simulated-cost-ms", args.simulated_cost_ms, "--precision", args.precision,
         "--inductor-cache", args.inductor_cache, *args.server_arg,

@@ -58,6 +58,15 @@ def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
     assert run["messages_per_s"]["latents_in"] > 0 and run["messages_per_s"]["audio_out"] > 0
 
 
+def test_loadtest_opens_more_connections_than_one_client_address_may(tmp_path: Path) -> None:
+    """Every client process connects from 127.0.0.1 at once: the server the load test starts must not
+    take them for one abusive peer (per-address limit 16, handshake cap 32 by default)."""
+    done, result = _loadtest(tmp_path, "--streams", "40", "--streams-per-process", "40", "--no-reference")
+    (run,) = result["runs"]
+    assert not run["clients"]["errors"], run["clients"]["errors"]
+    assert run["streams"] == 40 and run["sample_problems"] == 0, done.stdout + done.stderr
+
+
 def test_loadtest_reports_a_failing_limit_and_exits_nonzero(tmp_path: Path) -> None:
     """A first-audio limit no server meets fails the run with the reason, and nothing holds."""
     done, result = _loadtest(tmp_path, "--streams", "2", "--ttfa-limit-ms", "0.000001")
