@@ -91,10 +91,16 @@ def _af_blocked_kernel(
     # Lanes are (row, block of K outputs) pairs, ROW_LANES lanes to a row: a program covers BLOCK // ROW_LANES
     # rows, so rows shorter than a warp's K * 32 outputs (a stateful step's 20-60 samples) do not leave most
     # lanes masked. Every output is computed by the same arithmetic whatever the packing.
+    # One row a program (ROW_LANES == BLOCK, every whole-clip row) keeps the row, its parameters and the
+    # peak's atomic scalar: as per-lane vectors they cost a whole-clip decode 4 % for nothing.
     lane = tl.arange(0, BLOCK)
-    row_wanted = tl.program_id(0) * (BLOCK // ROW_LANES) + lane // ROW_LANES
-    row_ok = row_wanted < R
-    row = tl.minimum(row_wanted, R - 1)  # lanes past the last row redo its work and store nothing
+    if ROW_LANES == BLOCK:
+        row = tl.program_id(0)
+        row_ok = row < R
+    else:
+        row_wanted = tl.program_id(0) * (BLOCK // ROW_LANES) + lane // ROW_LANES
+        row_ok = row_wanted < R
+        row = tl.minimum(row_wanted, R - 1)  # lanes past the last row redo its work and store nothing
     tb = START + tl.program_id(1) * (ROW_LANES * K) + (lane % ROW_LANES) * K  # first output of each lane
     c = row % C
     a = tl.load(a_ptr + c)
@@ -201,11 +207,18 @@ def _af_blocked_kernel(
         [BLOCK, K],
     )
     t = tb[:, None] + tl.arange(0, K)[None, :]
-    keep = (t < START + N) & row_ok[:, None]
-    tl.store(out_ptr + (row.to(tl.int64) * N)[:, None] + (t - START), y, mask=keep)
+    if ROW_LANES == BLOCK:
+        keep = t < START + N
+        tl.store(out_ptr + row.to(tl.int64) * N + (t - START), y, mask=keep)
+    else:
+        keep = (t < START + N) & row_ok[:, None]
+        tl.store(out_ptr + (row.to(tl.int64) * N)[:, None] + (t - START), y, mask=keep)
     if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row (see _row_amax_kernel)
         bits = tl.where(keep, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
-        tl.atomic_max(peak_ptr + row // C, tl.max(bits, axis=1), mask=row_ok)
+        if ROW_LANES == BLOCK:
+            tl.atomic_max(peak_ptr + row // C, tl.max(tl.max(bits, axis=1), axis=0))
+        else:
+            tl.atomic_max(peak_ptr + row // C, tl.max(bits, axis=1), mask=row_ok)
 
 
 BLOCKED_K = 8  # outputs per lane

@@ -114,17 +114,25 @@ def _conv1d_f16x3_kernel(
         total += acc
     offs_m = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    rows = batch + cols // ROW_N  # each column's batch row
-    offs_n = n0 + cols % ROW_N
-    mask = (offs_m < COUT)[:, None] & ((offs_n < TOUT) & (rows < B))[None, :]
     # 32-bit offsets from the tile's corner (a 64-bit scalar): 64-bit ones per element would keep twice the
     # registers live through the epilogue, and with a residual to read, spill.
-    local = tl.arange(0, BLOCK_M)[:, None] * TOUT + ((cols // ROW_N) * (COUT * TOUT) + cols % ROW_N)[None, :]
+    if ROWS == 1:  # one row: its scale is a scalar, and the columns are its samples (no row arithmetic)
+        mask = (offs_m < COUT)[:, None] & (n0 + cols < TOUT)[None, :]
+        local = tl.arange(0, BLOCK_M)[:, None] * TOUT + cols[None, :]
+        x_inv = tl.load(x_inv_ptr + batch)
+    else:
+        rows = batch + cols // ROW_N  # each column's batch row
+        offs_n = n0 + cols % ROW_N
+        mask = (offs_m < COUT)[:, None] & ((offs_n < TOUT) & (rows < B))[None, :]
+        local = (
+            tl.arange(0, BLOCK_M)[:, None] * TOUT + ((cols // ROW_N) * (COUT * TOUT) + cols % ROW_N)[None, :]
+        )
+        x_inv = tl.load(x_inv_ptr + rows, mask=rows < B, other=1.0)[None, :]
     if SPLIT:
         corner = ((first.to(tl.int64) * B + batch) * COUT + m0) * TOUT + n0
         tl.store(out_ptr + corner + local, total, mask=mask)
     else:
-        y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, rows, offs_m, COUT, HAS_BIAS, B)
+        y = _unscale(total, x_inv, w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS)
         corner = (batch.to(tl.int64) * COUT + m0) * TOUT + n0
         if HAS_RES:
             y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
@@ -132,13 +140,12 @@ def _conv1d_f16x3_kernel(
 
 
 @triton.jit
-def _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, batch, offs_m, COUT, HAS_BIAS: tl.constexpr, B):
+def _unscale(total, x_inv, w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS: tl.constexpr):
     """The scales back out (exact: powers of two), then the bias. A residual, if any, is added after,
-    rounded as ``residual + conv(x)`` would be: a separate float32 add. ``batch`` holds each column's row
-    (one row for the whole tile unless short rows are packed)."""
+    rounded as ``residual + conv(x)`` would be: a separate float32 add. ``x_inv`` is the input's scale:
+    a scalar (one row for the whole tile) or ``[1, BLOCK_N]``, each column's row (short rows packed)."""
     m_ok = offs_m < COUT
-    x_inv = tl.load(x_inv_ptr + batch, mask=batch < B, other=1.0)
-    y = total * tl.load(w_inv_ptr + offs_m, mask=m_ok, other=1.0)[:, None] * x_inv[None, :]
+    y = total * tl.load(w_inv_ptr + offs_m, mask=m_ok, other=1.0)[:, None] * x_inv
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
     return y
@@ -174,8 +181,7 @@ def _chunk_sum_kernel(
     for _ in range(0, NCHUNK):
         total += tl.load(parts, mask=mask, other=0.0)
         parts += PLANE  # 64-bit pointer steps: no index overflow
-    rows = batch + tl.zeros([BLOCK_N], dtype=tl.int32)
-    y = _unscale(total, x_inv_ptr, w_inv_ptr, bias_ptr, rows, offs_m, COUT, HAS_BIAS, batch + 1)
+    y = _unscale(total, tl.load(x_inv_ptr + batch), w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS)
     if HAS_RES:
         y += tl.load(res_ptr + offs, mask=mask, other=0.0)
     tl.store(y_ptr + offs, y, mask=mask)
