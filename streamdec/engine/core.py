@@ -40,6 +40,7 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -55,13 +56,13 @@ from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
-from .simulated import SimulatedCost, SimulatedTier
+from .simulated import SimulatedCost, SimulatedTier, call_seconds
 from .slots import SlotAllocator, StatePool
 
 __all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAME_BUDGET", "DecodeEngine"]
 
-#: how long before its deadline queued work is dispatched however few rows it fills, besides two replays
-#: of its largest bucket: the trip to the listener and the event loop's lag
+#: how long before its deadline a replay must end, however few rows it fills: the trip to the listener
+#: and the event loop's lag
 DEFAULT_HOLD_LEAD_S = 0.04
 #: stateful primes and flushes happen once per stream: small buckets keep graph count and memory down
 DEFAULT_EDGE_BATCH_LIMIT = 16
@@ -88,10 +89,12 @@ class DecodeEngine(Engine):
       one stream's layer state on the device; a stream beyond them is refused, never queued.
     * ``cpu_threads`` - PyTorch intra-op threads while the engine runs (default: cores - 1 on a CPU, 1 on
       a GPU, where the host only copies and converts).
-    * ``hold_lead`` - while a replay is in flight, work whose deadline is further away than this
-      (seconds) plus two measured replays of the bucket it fills waits for more work to share its
-      replay, until the largest bucket is full (default 0.04; None: dispatch at once). An idle device never
-      waits; whole-clip windows and stateful primes are due at once.
+    * ``hold_lead`` - seconds a replay must end before its work's deadline (the trip to the listener and
+      the event loop's lag). Queued work waits for more to share its replay until the latest start at
+      which every queued group, run earliest deadline first after the replays in flight, still ends that
+      early (:meth:`.Scheduler.hold`; replay times as measured at warm-up), or until the largest bucket is
+      full (default 0.04; None: dispatch at once). Work due now (whole-clip windows, a stream's first
+      call) goes at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
@@ -193,6 +196,7 @@ class DecodeEngine(Engine):
         self.poll_interval = poll_interval
         self._default_cost = cost if cost is not None else linear_cost()
         self._measured: dict[BucketKey, float] = {}
+        self._device_free_at = -math.inf  # when the replays launched so far should have finished
         self._scheduler: Scheduler[_Pending] = Scheduler(
             batch_buckets,
             cost=self._cost,
@@ -398,12 +402,13 @@ class DecodeEngine(Engine):
         if not 0 <= request.slot < self.max_streams:
             raise ConfigError(f"slot {request.slot} is outside 0..{self.max_streams - 1}")
 
-    def _lead(self, key: BucketKey) -> float:
-        """How long before its deadline work filling ``key`` must be dispatched: ``hold_lead`` plus two
-        replays of that bucket (one may be in flight ahead of it), where they were measured."""
+    def _replay_s(self, key: BucketKey) -> float | None:
+        """Device seconds of one call of ``key``: measured at warm-up, or the simulated device's model;
+        None where unknown (the scheduler then holds nothing)."""
+        if self.simulated is not None:
+            return call_seconds(self.simulated.cost, [key.frames] * key.batch)
         measured_ms = self._measured.get(key)
-        assert self.hold_lead is not None
-        return self.hold_lead + (2e-3 * measured_ms if measured_ms is not None else 0.0)
+        return None if measured_ms is None else 1e-3 * measured_ms
 
     def _cost(self, key: BucketKey) -> float:
         measured = self._measured.get(key)
@@ -431,10 +436,14 @@ class DecodeEngine(Engine):
                 if self._closed:
                     return None
                 if self._inflight < self.max_inflight and self._scheduler.pending:
-                    # While a replay is in flight the device is busy anyway: let the next batch fill up
-                    # until its deadline nears. An idle device takes whatever is queued at once.
-                    busy = self._inflight > 0 and self.hold_lead is not None
-                    wait = self._scheduler.hold(time.monotonic(), self._lead) if busy else None
+                    # The engine is the one place that holds work: until the latest start at which
+                    # every queued group still meets its deadline, arrivals join the next replay.
+                    now = time.monotonic()
+                    wait = (
+                        None
+                        if self.hold_lead is None
+                        else self._scheduler.hold(now, self._replay_s, self.hold_lead, self._device_free_at)
+                    )
                     if wait is not None:
                         self._cond.wait(timeout=wait)
                         continue
@@ -443,6 +452,7 @@ class DecodeEngine(Engine):
                     if popped is not None:
                         self._inflight += 1
                         key, items = popped
+                        self._device_free_at = max(now, self._device_free_at) + (self._replay_s(key) or 0.0)
                         return lambda: self._launch(key, items)
                 self._cond.wait()
 
@@ -467,6 +477,8 @@ class DecodeEngine(Engine):
         elapsed = item.elapsed_s()
         with self._cond:
             self._inflight -= 1
+            if self._inflight == 0:  # an estimate that ran long (or short) ends with the device free
+                self._device_free_at = time.monotonic()
             if elapsed is not None:
                 self._stats.decode_seconds += elapsed
             self._cond.notify_all()

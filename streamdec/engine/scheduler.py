@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, TypeVar
@@ -214,28 +215,44 @@ class Scheduler(Generic[T]):
             limit = min(limit, self.frame_budget // max(frames, 1))
         return tuple(b for b in self.batch_buckets if b <= limit) or self.batch_buckets[:1]
 
-    def hold(self, now: float, lead: float | Callable[[BucketKey], float]) -> float | None:
+    def hold(
+        self,
+        now: float,
+        replay_s: Callable[[BucketKey], float | None],
+        lead: float,
+        device_free_at: float = -math.inf,
+    ) -> float | None:
         """Seconds to wait before popping so that more work joins the next batch, or None: pop now.
 
-        The most urgent group goes out at once when it fills its largest bucket or its earliest deadline
-        is within ``lead`` seconds (a number, or a function of the bucket the queued work would fill: its
-        replay time belongs in the lead); until then waiting costs no listener anything and every arrival makes
-        the next replay fuller (real-time streams all push a step per chunk period).
+        Earliest deadline first over every queued group: each group runs as the replays of its cover,
+        after the groups due before it, once the device has finished what it holds (``device_free_at``).
+        The latest start at which every group still ends ``lead`` seconds before its earliest deadline
+        is ::
+
+            start = min over groups g of (deadline(g) - lead - replay time of the groups up to g)
+
+        Until then waiting costs no listener anything, and every arrival makes the next replay fuller
+        (real-time streams push a step per chunk period); an arrival also adds replay time, so the start
+        moves earlier as the queue grows. The most urgent group goes at once when it fills its largest
+        bucket. Where a replay time is unknown (``replay_s`` gives None: nothing measured) nothing is held.
         """
-        group = self._most_urgent_group()
-        if group is None:
+        heads = self._heads()
+        if not heads:
             return None
-        kind, frames = group
-        buckets = self.buckets_for(kind, frames)
-        live = self._live[group]
-        if live >= buckets[-1]:
+        _, _, first = heads[0]
+        if self._live[first] >= self.buckets_for(*first)[-1]:
             return None
-        # The lead covers a replay of the bucket the queued work fills now; as more arrives the bucket,
-        # its replay time and so the lead grow, and the hold ends earlier.
-        fits = next(b for b in buckets if b >= live)
-        ahead = lead(BucketKey(fits, frames, kind)) if callable(lead) else lead
-        deadline = self._groups[group][0][0]
-        return None if deadline - ahead <= now else deadline - ahead - now
+        start = math.inf
+        queued = 0.0
+        for deadline, _, group in heads:
+            kind, frames = group
+            for batch in self._cover(kind, frames, min(self._live[group], self.max_cover_windows)):
+                seconds = replay_s(BucketKey(batch, frames, kind))
+                if seconds is None:
+                    return None
+                queued += seconds
+            start = min(start, deadline - lead - queued)
+        return None if start <= max(now, device_free_at) else start - now
 
     def drain(self) -> list[T]:
         """Remove and return every live payload (engine shutdown)."""
@@ -245,15 +262,20 @@ class Scheduler(Generic[T]):
         self.pending = 0
         return out
 
-    def _most_urgent_group(self) -> tuple[str, int] | None:
-        best: tuple[float, int] | None = None
-        group_best = None
+    def _heads(self) -> list[tuple[float, int, tuple[str, int]]]:
+        """``(deadline, seq, group)`` of each group's most urgent live ticket, most urgent first."""
+        heads = []
         for group, heap in self._groups.items():
             while heap and heap[0][2].cancelled:
                 heapq.heappop(heap)
-            if heap and (best is None or heap[0][:2] < best):
-                best, group_best = heap[0][:2], group
-        return group_best
+            if heap:
+                heads.append((heap[0][0], heap[0][1], group))
+        heads.sort()
+        return heads
+
+    def _most_urgent_group(self) -> tuple[str, int] | None:
+        heads = self._heads()
+        return heads[0][2] if heads else None
 
     def _prune(self, group: tuple[str, int]) -> None:
         # Drop a group whose every ticket is gone, so no memory grows with the number of lengths seen.

@@ -62,6 +62,71 @@ def test_normalise_buckets_refuses_empty_and_zero() -> None:
     assert normalise_buckets((8, 1, 4, 4)) == (1, 4, 8)
 
 
+# -- hold: the latest start that meets every deadline -------------------------------------------------
+
+
+def _replay_s(key: BucketKey) -> float:
+    """A device like a GPU's: 6.5 ms a call plus 0.035 ms a row-frame."""
+    return 6.5e-3 + 0.035e-3 * key.batch * key.frames
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    work=st.lists(
+        st.tuples(
+            st.sampled_from([("step", 4), ("step", 8), ("prime", 11), ("flush", 1)]), st.floats(0.0, 0.3)
+        ),
+        min_size=1,
+        max_size=120,
+    ),
+    lead=st.floats(0.0, 0.05),
+    busy_for=st.floats(0.0, 0.05),
+)
+def test_hold_ends_in_time_for_every_deadline(
+    work: list[tuple[tuple[str, int], float]], lead: float, busy_for: float
+) -> None:
+    """For all queues: popping after the hold and replaying back to back (earliest group first, each
+    group's cover in turn), every replay ends ``lead`` before its group's earliest deadline, unless the
+    queue was late already (then there is no hold)."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    for i, ((kind, frames), deadline) in enumerate(work):
+        s.push(i, frames, deadline, kind=kind)
+    now = 0.0
+    wait = s.hold(now, _replay_s, lead, device_free_at=now + busy_for)
+    t = now + busy_for if wait is None else now + wait
+    ends_before_deadline = True
+    while (popped := s.pop_batch()) is not None:
+        key, items = popped
+        t = max(t, now + busy_for) + _replay_s(key)
+        due = min(work[i][1] for i in items)
+        ends_before_deadline &= t <= due - lead + 1e-9
+    if wait is not None:
+        assert wait > 0 and ends_before_deadline
+
+
+def test_hold_waits_for_more_work_until_the_latest_start() -> None:
+    """A few steps due in 100 ms on an idle device wait until 100 ms - lead - their replay."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    for i in range(3):
+        s.push(i, 4, 0.1, kind="step")
+    wait = s.hold(0.0, _replay_s, 0.04)
+    assert wait == pytest.approx(0.1 - 0.04 - _replay_s(BucketKey(4, 4, "step")))
+
+
+def test_hold_pops_at_once_when_due_full_or_unmeasured() -> None:
+    """Work due now, a full largest bucket, or a replay time nobody measured: no hold."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    s.push(0, 11, 0.0, kind="prime")
+    assert s.hold(0.0, _replay_s, 0.04) is None
+    s = Scheduler(BUCKETS)
+    for i in range(64):
+        s.push(i, 4, 10.0, kind="step")
+    assert s.hold(0.0, _replay_s, 0.04) is None
+    s = Scheduler(BUCKETS)
+    s.push(0, 4, 10.0, kind="step")
+    assert s.hold(0.0, lambda key: None, 0.04) is None
+
+
 # -- Scheduler ---------------------------------------------------------------------------------------
 
 
