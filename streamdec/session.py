@@ -53,6 +53,11 @@ DECODE_TIME_SMOOTHING = 0.3
 FLUSH_MARGIN_S = 0.04
 #: the shortest wait for a chunk before flushing: a source with the next chunk at hand delivers it within
 MIN_PULL_WAIT_S = 0.001
+#: how long after it is submitted a stream's first call is due: a busy device batches the first calls
+#: of streams that start together instead of replaying each alone ahead of every step (one replay each
+#: for 256 streams starting within a second kept an H200 busy and made every stream under-run once);
+#: with the engine's 40 ms lead the first tile then comes within about 40 ms plus a replay
+FIRST_CALL_DUE_S = 0.08
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class FlushPolicy:
 
     The listener starts playing ``prebuffer_s`` after the stream's first tile and then consumes audio in
     real time, so the stream's *deadline* is ``first_audio + prebuffer_s + audio sent so far`` (before the
-    first tile: now, the listener is already waiting). Ready frames must be submitted a decode time
+    first tile: ``first_call_s`` after the call, the listener is already waiting). Ready frames must be submitted a decode time
     (``decode_s``, a moving average of this stream's submit-to-result time, queueing included) plus
     ``margin_s`` before it::
 
@@ -76,9 +81,10 @@ class FlushPolicy:
     margin_s: float = FLUSH_MARGIN_S
     smoothing: float = DECODE_TIME_SMOOTHING
     min_wait_s: float = MIN_PULL_WAIT_S
+    first_call_s: float = FIRST_CALL_DUE_S
 
     def __post_init__(self) -> None:
-        for name in ("prebuffer_s", "margin_s", "min_wait_s"):
+        for name in ("prebuffer_s", "margin_s", "min_wait_s", "first_call_s"):
             value = getattr(self, name)
             if not (np.isfinite(value) and value >= 0):
                 raise ConfigError(f"flush policy {name}={value!r} must be a finite number of seconds >= 0")
@@ -86,9 +92,10 @@ class FlushPolicy:
             raise ConfigError(f"flush policy smoothing={self.smoothing!r} must be in (0, 1]")
 
     def deadline(self, first_audio_at: float | None, played_s: float, now: float) -> float:
-        """When the listener runs out of audio, having been sent ``played_s`` seconds of it."""
+        """When the listener runs out of audio, having been sent ``played_s`` seconds of it; before the
+        first tile, ``first_call_s`` after ``now`` (the listener waits for it already)."""
         if first_audio_at is None:
-            return now
+            return now + self.first_call_s
         return first_audio_at + self.prebuffer_s + played_s
 
     def smoothed(self, estimate: float | None, sample: float) -> float:

@@ -64,6 +64,11 @@ __all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAM
 #: how long before its deadline a replay must end, however few rows it fills: the trip to the listener
 #: and the event loop's lag
 DEFAULT_HOLD_LEAD_S = 0.04
+#: the share of recent wall time the device must spend on calls before queued work is held for fuller
+#: replays: holding saves device time, which a device idle most of the time has to spare, and costs latency
+HOLD_BUSY_FRACTION = 0.25
+#: seconds over which that share is averaged (exponentially)
+BUSY_AVERAGE_S = 1.0
 #: stateful primes and flushes happen once per stream: small buckets keep graph count and memory down
 DEFAULT_EDGE_BATCH_LIMIT = 16
 #: rows x frames of the largest stateful replay: 256 real-time streams of 4-frame chunks in one replay
@@ -93,8 +98,9 @@ class DecodeEngine(Engine):
       the event loop's lag). Queued work waits for more to share its replay until the latest start at
       which every queued group, run earliest deadline first after the replays in flight, still ends that
       early (:meth:`.Scheduler.hold`; replay times as measured at warm-up), or until the largest bucket is
-      full (default 0.04; None: dispatch at once). Work due now (whole-clip windows, a stream's first
-      call) goes at once.
+      full (default 0.04; None: dispatch at once). Work is held only while the device spent at least
+      ``HOLD_BUSY_FRACTION`` of the last second on calls: below that it has time to spare and waiting
+      would only add latency. Work due now (whole-clip windows) goes at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
@@ -197,6 +203,7 @@ class DecodeEngine(Engine):
         self._default_cost = cost if cost is not None else linear_cost()
         self._measured: dict[BucketKey, float] = {}
         self._device_free_at = -math.inf  # when the replays launched so far should have finished
+        self._busy = BusyMeter(BUSY_AVERAGE_S)
         self._scheduler: Scheduler[_Pending] = Scheduler(
             batch_buckets,
             cost=self._cost,
@@ -439,10 +446,11 @@ class DecodeEngine(Engine):
                     # The engine is the one place that holds work: until the latest start at which
                     # every queued group still meets its deadline, arrivals join the next replay.
                     now = time.monotonic()
+                    loaded = self._busy.fraction(now) >= HOLD_BUSY_FRACTION
                     wait = (
-                        None
-                        if self.hold_lead is None
-                        else self._scheduler.hold(now, self._replay_s, self.hold_lead, self._device_free_at)
+                        self._scheduler.hold(now, self._replay_s, self.hold_lead, self._device_free_at)
+                        if self.hold_lead is not None and loaded
+                        else None
                     )
                     if wait is not None:
                         self._cond.wait(timeout=wait)
@@ -477,8 +485,10 @@ class DecodeEngine(Engine):
         elapsed = item.elapsed_s()
         with self._cond:
             self._inflight -= 1
+            now = time.monotonic()
             if self._inflight == 0:  # an estimate that ran long (or short) ends with the device free
-                self._device_free_at = time.monotonic()
+                self._device_free_at = now
+            self._busy.add(now, elapsed if elapsed is not None else float(item.extra.get("seconds", 0.0)))
             if elapsed is not None:
                 self._stats.decode_seconds += elapsed
             self._cond.notify_all()
@@ -686,6 +696,26 @@ class DecodeEngine(Engine):
         """Device memory of the stateful slot pool (0 without ``max_streams``)."""
         pool = self.tiers.state if self._tiers is not None else None
         return 0 if pool is None else pool.nbytes
+
+
+class BusyMeter:
+    """The share of recent wall time a device spent on calls: device seconds averaged exponentially
+    over ``tau`` seconds of wall time (1.0: busy all the time)."""
+
+    def __init__(self, tau: float) -> None:
+        self.tau = tau
+        self._level = 0.0
+        self._at: float | None = None
+
+    def add(self, now: float, seconds: float) -> None:
+        """A call that finished at ``now`` kept the device busy ``seconds``."""
+        self._level = self.fraction(now) + seconds / self.tau
+        self._at = now
+
+    def fraction(self, now: float) -> float:
+        if self._at is None:
+            return 0.0
+        return self._level * math.exp(-max(0.0, now - self._at) / self.tau)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

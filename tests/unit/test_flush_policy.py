@@ -77,7 +77,8 @@ def test_the_deadline_is_first_audio_plus_prebuffer_plus_audio_sent(
     first: float, played: float, now: float, prebuffer: float
 ) -> None:
     policy = FlushPolicy(prebuffer_s=prebuffer)
-    assert policy.deadline(None, played, now) == now  # before the first tile the listener already waits
+    # before the first tile the listener already waits: the first call is due shortly
+    assert policy.deadline(None, played, now) == now + policy.first_call_s
     assert policy.deadline(first, played, now) == first + prebuffer + played
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from streamdec.engine.base import WindowRequest
-from streamdec.engine.core import DecodeEngine
+from streamdec.engine.core import BusyMeter, DecodeEngine
 from streamdec.engine.scheduler import BucketKey, Scheduler, linear_cost, normalise_buckets, plan_cover
 from streamdec.errors import ConfigError, EngineClosedError, ShapeError
 
@@ -240,6 +240,18 @@ def test_every_live_window_is_popped_once(items: list[tuple[int, float, bool]]) 
         seen.extend(batch)
     assert sorted(seen) == sorted(live)
     assert s.pop_batch() is None and s.pending == 0
+
+
+def test_busy_meter_reads_the_share_of_recent_time_spent_on_calls() -> None:
+    """Back-to-back 10 ms calls read as busy all the time; half as many as half; idle, it decays."""
+    full, half = BusyMeter(1.0), BusyMeter(1.0)
+    for i in range(1, 1001):
+        full.add(i * 0.01, 0.01)
+        if i % 2 == 0:
+            half.add(i * 0.01, 0.01)
+    assert full.fraction(10.0) == pytest.approx(1.0, abs=0.01)
+    assert half.fraction(10.0) == pytest.approx(0.5, abs=0.01)
+    assert full.fraction(14.0) < 0.05 and BusyMeter(1.0).fraction(5.0) == 0.0
 
 
 # -- the engine's async machinery on the CPU (eager tier) ----------------------------------------------
