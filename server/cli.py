@@ -131,6 +131,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         await _start(server, config)
         report = await server.warmup()
         decoder.freeze()
+        settings.freeze_heap()  # what warm-up made lives as long as the server: no collection walks it
         state = sum(d.engine.state_memory_bytes() for d in decoders)
         if group is not None:
             print(f"streamdec: {len(names)} devices ({', '.join(names)}), {decoders[0].max_streams or 'no'} "

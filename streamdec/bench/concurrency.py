@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .. import settings
 from ..codecs import Codec
 from ..engine import Engine
 from ..planning import StreamPlanner
@@ -316,7 +317,9 @@ async def sweep(
 ) -> dict[str, Any]:
     """Both paths over ``s.streams``; each path stops once a point is far past the limits (``_hopeless``).
 
-    ``mode`` is the decoder's (``StreamDecoder(mode=...)``; None: its default for the codec)."""
+    ``mode`` is the decoder's (``StreamDecoder(mode=...)``; None: its default for the codec). The engine
+    is warm: the heap is frozen first, as ``streamdec serve`` does after warm-up."""
+    settings.freeze_heap()
     left, right = codec.context_frames()
     frame_s = codec.hop_size / codec.sample_rate
     frames = round(s.seconds / frame_s)

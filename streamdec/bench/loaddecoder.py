@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .. import settings
 from .loadclient import ClientReport, StreamPlan, stream_latents
 from .loadstats import StreamRecord
 
@@ -72,6 +73,7 @@ async def _build(options: DecoderOptions) -> Any:
     await decoder.start()
     await decoder.warmup()
     decoder.freeze()
+    settings.freeze_heap()  # as serve does after warm-up
     return decoder
 
 

@@ -642,11 +642,19 @@ def _settings(args: argparse.Namespace) -> LoadSettings:
 _UNLIMITED_CONNECTIONS = "100000"
 
 
+def _most_streams(args: argparse.Namespace) -> int:
+    """The most streams any run of this load test opens."""
+    return max(int(v) for v in args.streams.split(",")) if args.streams else int(args.max_streams)
+
+
 def _serve_args(args: argparse.Namespace, s: LoadSettings) -> list[str]:
+    # Admission is told the sweep's largest count: the load test measures what holds, and a server that
+    # refused streams by its own warm-up estimate would answer a different question.
     return [
         "--host", "127.0.0.1", "--port", "0", "--codec", args.codec, "--device", args.device,
         "--max-connections", _UNLIMITED_CONNECTIONS,
         "--max-connections-per-client", _UNLIMITED_CONNECTIONS, "--max-handshakes", _UNLIMITED_CONNECTIONS,
+        "--max-streams-total", str(_most_streams(args)),
         "--max-streams", str(max(8, s.streams_per_connection)),
         "--min-emit", str(s.min_emit), "--max-emit", str(s.max_emit),
         "--engine", args.engine, "--simulated-cost-ms", args.simulated_cost_ms, "--precision", args.precision,

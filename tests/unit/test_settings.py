@@ -110,3 +110,17 @@ def test_only_the_registry_touches_the_environment() -> None:
     sources = [p for d in ("streamdec", "server", "clients") for p in (ROOT / d).rglob("*.py")]
     uses = [line for p in sources if p != ROOT / "streamdec/settings.py" for line in _environment_uses(p)]
     assert uses == []
+
+
+def test_freeze_heap_takes_what_lives_now_out_of_the_collectors_walk() -> None:
+    """After warm-up everything alive joins the permanent generation; new objects are still collected."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        settings.freeze_heap()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # the interpreter, torch and the test session
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
