@@ -138,7 +138,8 @@ TOKEN = _text(
 )  # fmt: skip
 COMMIT = _text(
     "STREAMDEC_COMMIT", "results",
-    "The commit a benchmark results file records when git cannot tell (a copied tree on a GPU host).",
+    "The commit a benchmark results file records, in place of the tree's git HEAD: set it where that HEAD "
+    "is not the code that runs (a copied tree on a GPU host); also used where git cannot tell.",
 )  # fmt: skip
 REQUIRE_REF = _switch(
     "STREAMDEC_REQUIRE_REF", False, "tests",

@@ -31,7 +31,11 @@ __all__ = [
 
 
 def git_commit(root: Path) -> tuple[str, bool | None]:
-    """``(commit, dirty)`` of the checkout at ``root``; ``$STREAMDEC_COMMIT`` when git cannot tell."""
+    """``(commit, dirty)`` of the checkout at ``root``; ``$STREAMDEC_COMMIT`` where set (a copied tree
+    whose git HEAD is not the code that runs, as on a GPU host) or where git cannot tell."""
+    pinned = settings.COMMIT.value()
+    if pinned:
+        return pinned, None
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
