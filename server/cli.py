@@ -136,6 +136,12 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
               f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory, {state / 2**30:.2f} GiB of stream "
               f"state; capacity "
               f"{server.admission.capacity} real-time streams ({server.admission.source})", flush=True)  # fmt: skip
+        if server.capacity_report is not None:
+            print(f"streamdec: capacity probe: {server.capacity_report.summary()}", flush=True)
+        if server.admission.capacity == 0:
+            print("streamdec: this engine cannot keep one real-time stream's listener supplied here: every start "
+                  "is refused with over_capacity (--max-streams-total N serves N streams at best effort)",
+                  flush=True)  # fmt: skip
         if voice is not None:
             print(f"streamdec: voice {voice.name!r} speaks a start's text{_phonemes_note()}", flush=True)
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
