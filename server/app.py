@@ -33,6 +33,7 @@ from websockets.http11 import Request, Response
 from streamdec.engine.base import WarmupReport
 from streamdec.errors import ConfigError
 from streamdec.protocol import CLOSE_CODES, STREAM_PATH, CodecInfo, ErrorCode, error_message
+from streamdec.session import FlushPolicy
 from streamdec.streaming import StreamDecoder
 
 from .admission import AdmissionController, Load, Refusal
@@ -41,7 +42,7 @@ from .connection import Connection
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
-from .probe import CapacityReport, measure_capacity
+from .probe import CapacityReport, measure_capacity, probe_margin
 
 if TYPE_CHECKING:
     from streamdec.voice import Voice
@@ -52,8 +53,6 @@ __all__ = ["StreamServer"]
 
 log = logging.getLogger("streamdec.server")
 
-#: The listener's prebuffer the capacity probe assumes for a decoder that does not name one.
-DEFAULT_PREBUFFER_S = 0.1
 #: At most one log line per this many seconds about failing accept() calls (EMFILE and the like).
 _ACCEPT_LOG_EVERY = 10.0
 #: The browser page's files (clients/web/), served at / and /web/NAME.
@@ -144,12 +143,14 @@ class StreamServer:
         a throughput bound, then streams paced in real time, start-up included, checked against the
         listener's clock. 0 when not even one stream keeps half its listener's prebuffer in hand."""
         decoder = self.decoder
+        policy = getattr(decoder, "flush_policy", None) or FlushPolicy()
         report = await measure_capacity(
             decoder,
             latent_dim=self.codec.latent_dim,
             frame_rate=self.codec.sample_rate / self.codec.hop_size,
             sample_rate=self.codec.sample_rate,
-            prebuffer=getattr(decoder, "listener_prebuffer", DEFAULT_PREBUFFER_S),
+            prebuffer=policy.prebuffer_s,
+            margin=probe_margin(decoder.mode, policy.prebuffer_s, policy.margin_s),
             hard_limit=self.admission.hard_limit,
         )
         self.capacity_report = report

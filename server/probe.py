@@ -8,13 +8,19 @@ probe has two steps::
     1. throughput    streams with every chunk at hand, decoded in the calls a real-time stream makes;
                      bound = audio seconds per wall second x SAFETY_FACTOR (may be 0)
     2. paced         n = max(bound, 1) streams paced at real time (one min_emit-frame chunk per chunk
-                     period, starts one chunk period apart), each tile checked against a listener that
+                     period; starts (1 + 1/n) chunk periods apart, so each stream's first call lands
+                     while the earlier ones step, and their chunks arrive at n different phases, as
+                     independent clients' do), each tile checked against a listener that
                      starts playing ``prebuffer`` after its first tile; n passes when every tile arrived at
                      least ``margin`` before it was needed. Else n is halved, down to 0.
 
-The margin is half the listener's prebuffer: on the quiet server at warm-up an admitted stream keeps at
-least that in hand, and the other half is left for what warm-up cannot see (other processes on the host,
-the clients, handshakes of refused clients). Capacity 0 means this engine cannot keep one real-time stream
+The margin is half of what the stream's session aims to keep in hand (:func:`probe_margin`): on the quiet
+server at warm-up an admitted stream keeps at least that, and the other half is left for what warm-up
+cannot see (other processes on the host, the clients, handshakes of refused clients). A stateful stream
+sends each ``min_emit`` frames as soon as they arrive, so while the engine keeps up its tiles arrive a
+whole prebuffer early: the margin is half the prebuffer. A halo stream holds ready frames back to decode
+larger windows until ``decode time + FlushPolicy.margin_s`` before its listener runs dry, so it aims for
+``margin_s`` (40 ms): the margin is half that. Capacity 0 means this engine cannot keep one real-time stream
 ahead of its listener here: the server then refuses every ``start`` (see :mod:`.admission`).
 """
 
@@ -37,6 +43,7 @@ __all__ = [
     "PacedChunks",
     "PacedRun",
     "measure_capacity",
+    "probe_margin",
 ]
 
 #: Audio seconds per probe stream: the start-up and a second and more of steady state.
@@ -45,6 +52,12 @@ PROBE_SECONDS = 2.0
 THROUGHPUT_STREAMS = 4
 #: Share of the listener's prebuffer a paced probe stream must keep in hand at every tile.
 PROBE_MARGIN_SHARE = 0.5
+
+
+def probe_margin(mode: str, prebuffer: float, flush_margin: float) -> float:
+    """Seconds a paced probe stream must keep in hand at every tile: half its session's aim (above)."""
+    aim = prebuffer if mode == "stateful" else min(prebuffer, flush_margin)
+    return PROBE_MARGIN_SHARE * aim
 
 
 class _Decoder(Protocol):
@@ -173,17 +186,19 @@ async def paced_run(
     decoder: _Decoder, streams: int, frames: int, *, latent_dim: int, frame_rate: float,
     sample_rate: int, prebuffer: float, margin: float,
 ) -> PacedRun:  # fmt: skip
-    """``streams`` real-time streams, starts one chunk period apart; stops early once a tile arrives with
-    less than ``margin`` in hand (the run has failed then, and the rest would only cost warm-up time)."""
+    """``streams`` real-time streams, starts ``1 + 1/streams`` chunk periods apart; stops early once a
+    tile arrives with less than ``margin`` in hand (the run has failed then; the rest would only cost
+    warm-up time)."""
     clips = probe_clips(streams, frames, latent_dim)
     chunk = decoder.min_emit
+    stagger = chunk / frame_rate * (1 + 1 / streams)
     listeners = [ListenerClock(sample_rate, prebuffer) for _ in range(streams)]
     began = time.monotonic()
 
     async with anyio.create_task_group() as tg:
 
         async def one(i: int) -> None:
-            source = PacedChunks(clips[i], chunk, frame_rate, began + i * chunk / frame_rate)
+            source = PacedChunks(clips[i], chunk, frame_rate, began + i * stagger)
             await anyio.sleep(max(source.start - time.monotonic(), 0.0))
             async with decoder.decode_tiles(source) as tiles:
                 async for tile in tiles:
@@ -201,17 +216,17 @@ async def paced_run(
 
 async def measure_capacity(
     decoder: _Decoder, *, latent_dim: int, frame_rate: float, sample_rate: int, prebuffer: float,
-    hard_limit: int | None = None,
+    margin: float, hard_limit: int | None = None,
 ) -> CapacityReport:  # fmt: skip
-    """Real-time streams ``decoder`` serves with every listener's buffer kept at least half full (see the
-    module docstring); ``hard_limit`` (the decoder's slots) bounds every run."""
+    """Real-time streams ``decoder`` serves with every tile arriving at least ``margin`` seconds before
+    its listener needs it (see the module docstring); ``hard_limit`` (the decoder's slots) bounds every
+    run."""
     frames = max(round(PROBE_SECONDS * frame_rate), 1)
     limit = hard_limit if hard_limit is not None else math.inf
     n = int(min(THROUGHPUT_STREAMS, limit))
     wall = await throughput(decoder, frames, latent_dim, n)
     audio = n * frames / frame_rate
     bound = realtime_streams(audio, wall, SAFETY_FACTOR)
-    margin = PROBE_MARGIN_SHARE * prebuffer
     runs: list[PacedRun] = []
     streams = int(min(max(bound, 1), limit))
     while streams >= 1:
