@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from websockets.asyncio.client import connect
 
+from streamdec.bench.meta import git_commit
 from streamdec.protocol import (
     Done,
     End,
@@ -221,6 +222,7 @@ def main() -> int:
     parser.add_argument("--prebuffer-ms", type=float, default=100.0, help="listener's buffer before playing")
     parser.add_argument("--out", type=Path, help="write the JSON here")
     args = parser.parse_args()
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     proc, server_lines = None, []
     url = args.url
     if url is None:
@@ -232,14 +234,19 @@ def main() -> int:
             proc.terminate()
             out, _ = proc.communicate(timeout=120)
             server_lines += out.splitlines()
+    commit, dirty = git_commit(Path(__file__).resolve().parent.parent)
     result = {
         "command": "python scripts/load_server.py " + shlex.join(sys.argv[1:]),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "host": {
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],  # other work sharing the CPUs
+            # other work sharing the CPUs, before and after the run
+            "load_average_1_5_15_at_start": load_at_start,
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         },
         "server_output": server_lines,
         "summary": summary(outcomes),
