@@ -223,7 +223,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the JSON here")
     args = parser.parse_args()
     load_at_start = [round(x, 2) for x in os.getloadavg()]
-    proc, server_lines = None, []
+    proc, server_lines = None, list[str]()
     url = args.url
     if url is None:
         proc, url, server_lines = start_server(args.serve_args)
