@@ -1,18 +1,22 @@
 """The warm-up capacity probe: how many real-time streams this engine serves without a listener running dry.
 
-Throughput alone overstates what can be admitted: a stream admitted in real time must get every tile to its
-listener before the listener's buffer runs out, and that fails first at start-up, when the first tile went
-out quickly from an idle engine and the next ones wait behind other streams' first (larger) calls. So the
-probe has two steps::
+Throughput with every chunk at hand overstates what can be admitted: such streams batch into large calls,
+while real-time streams arrive at different phases and make small calls of their own; and a stream
+admitted in real time must get every tile to its listener before the listener's buffer runs out, which
+fails first at start-up, when the first tile went out quickly from an idle engine and the next ones wait
+behind other streams' calls. So the probe has two steps::
 
     1. throughput    streams with every chunk at hand, decoded in the calls a real-time stream makes;
                      bound = audio seconds per wall second x SAFETY_FACTOR (may be 0)
     2. paced         n = max(bound, 1) streams paced at real time (one min_emit-frame chunk per chunk
                      period; starts (1 + 1/n) chunk periods apart, so each stream's first call lands
                      while the earlier ones step, and their chunks arrive at n different phases, as
-                     independent clients' do), each tile checked against a listener that
-                     starts playing ``prebuffer`` after its first tile; n passes when every tile arrived at
-                     least ``margin`` before it was needed. Else n is halved, down to 0.
+                     independent clients' do), each tile checked against a listener that starts
+                     playing ``prebuffer`` after its first tile. n passes when every tile arrived at least
+                     ``margin`` before it was needed and the engine was busy at most SAFETY_FACTOR of the
+                     run (what these streams really cost, start-up included). Else n drops: to what the
+                     measured busy share allows at SAFETY_FACTOR when the engine was too busy, else by
+                     half; down to 0.
 
 The margin is half of what the stream's session aims to keep in hand (:func:`probe_margin`): on the quiet
 server at warm-up an admitted stream keeps at least that, and the other half is left for what warm-up
@@ -20,8 +24,10 @@ cannot see (other processes on the host, the clients, handshakes of refused clie
 sends each ``min_emit`` frames as soon as they arrive, so while the engine keeps up its tiles arrive a
 whole prebuffer early: the margin is half the prebuffer. A halo stream holds ready frames back to decode
 larger windows until ``decode time + FlushPolicy.margin_s`` before its listener runs dry, so it aims for
-``margin_s`` (40 ms): the margin is half that. Capacity 0 means this engine cannot keep one real-time stream
-ahead of its listener here: the server then refuses every ``start`` (see :mod:`.admission`).
+``margin_s`` (40 ms): the margin is half that.
+
+Capacity 0 means this engine cannot keep one real-time stream ahead of its listener here: the server then
+refuses every ``start`` (see :mod:`.admission`).
 """
 
 from __future__ import annotations
@@ -66,6 +72,15 @@ class _Decoder(Protocol):
     min_emit: int
 
     def decode_tiles(self, chunks: Any) -> Any: ...
+
+    @property
+    def stats(self) -> Any: ...
+
+
+def _busy_seconds(decoder: _Decoder) -> float:
+    """Seconds the decoder's engines have spent in device calls so far, per engine."""
+    engines = len(getattr(decoder, "decoders", None) or [decoder])
+    return float(decoder.stats.engine.decode_seconds) / engines
 
 
 class ListenerClock:
@@ -127,14 +142,29 @@ class PacedChunks:
 
 @dataclass(frozen=True)
 class PacedRun:
-    """One paced run: ``streams`` started, the least slack any of their tiles had, and underruns."""
+    """One paced run: ``streams`` started, the least slack any of their tiles had, underruns, and the
+    share of the run's wall time the engine spent decoding."""
 
     streams: int
     min_slack_s: float
     underruns: int
+    busy: float = 0.0
 
-    def passed(self, margin: float) -> bool:
+    def kept_margin(self, margin: float) -> bool:
         return self.underruns == 0 and self.min_slack_s >= margin
+
+    def passed(self, margin: float, safety: float = SAFETY_FACTOR) -> bool:
+        return self.kept_margin(margin) and self.busy <= safety
+
+    def next_streams(self, margin: float, safety: float = SAFETY_FACTOR) -> int:
+        """Streams to try after this run failed, always fewer than this run's: what its busy share allows
+        at ``safety`` when the engine was too busy (a lost margin then follows from that), else half."""
+        fewer = self.streams - 1
+        if self.busy > safety:
+            fewer = min(fewer, math.floor(self.streams * safety / self.busy))
+        elif not self.kept_margin(margin):
+            fewer = min(fewer, self.streams // 2)
+        return max(fewer, 0)
 
 
 @dataclass(frozen=True)
@@ -149,13 +179,14 @@ class CapacityReport:
 
     def summary(self) -> str:
         paced = ", ".join(
-            f"{r.streams} paced: least slack {r.min_slack_s * 1e3:.0f} ms"
+            f"{r.streams} paced: least slack {r.min_slack_s * 1e3:.0f} ms, engine busy {r.busy:.0%}"
             + (f", {r.underruns} underruns" if r.underruns else "")
             for r in self.runs
         )
         return (
             f"throughput {self.realtime_factor:.2f}x real time (bound {self.bound}); {paced}; "
-            f"margin {self.margin_s * 1e3:.0f} ms -> {self.capacity} real-time streams"
+            f"margin {self.margin_s * 1e3:.0f} ms, busy at most {SAFETY_FACTOR:.0%} -> {self.capacity} "
+            "real-time streams"
         )
 
 
@@ -193,6 +224,7 @@ async def paced_run(
     chunk = decoder.min_emit
     stagger = chunk / frame_rate * (1 + 1 / streams)
     listeners = [ListenerClock(sample_rate, prebuffer) for _ in range(streams)]
+    busy_before = _busy_seconds(decoder)
     began = time.monotonic()
 
     async with anyio.create_task_group() as tg:
@@ -207,10 +239,12 @@ async def paced_run(
 
         for i in range(streams):
             tg.start_soon(one, i)
+    wall = time.monotonic() - began
     return PacedRun(
         streams,
         min(listener.min_slack for listener in listeners),
         sum(listener.underruns for listener in listeners),
+        (_busy_seconds(decoder) - busy_before) / wall if wall > 0 else 0.0,
     )
 
 
@@ -237,5 +271,5 @@ async def measure_capacity(
         runs.append(run)
         if run.passed(margin):
             break
-        streams //= 2
-    return CapacityReport(audio / wall, bound, tuple(runs), margin, max(streams, 0))
+        streams = run.next_streams(margin)
+    return CapacityReport(audio / wall, bound, tuple(runs), margin, streams)

@@ -89,48 +89,64 @@ def test_the_margin_is_half_what_the_session_aims_to_keep(mode: str, aim: float)
 
 
 @pytest.mark.parametrize(
-    ("slack", "underruns", "passed"),
-    [(0.05, 0, True), (0.049, 0, False), (0.2, 1, False)],
-    ids=["at-margin", "below-margin", "underran"],
+    ("slack", "underruns", "busy", "passed"),
+    [(0.05, 0, 0.5, True), (0.049, 0, 0.1, False), (0.2, 1, 0.1, False), (0.2, 0, 0.51, False)],
+    ids=["at-margin-and-safety", "below-margin", "underran", "engine-too-busy"],
 )
-def test_a_paced_run_passes_only_with_the_margin_kept_and_no_underrun(
-    slack: float, underruns: int, passed: bool
+def test_a_paced_run_passes_only_with_margin_kept_no_underrun_and_the_engine_half_idle(
+    slack: float, underruns: int, busy: float, passed: bool
 ) -> None:
-    assert PacedRun(2, slack, underruns).passed(0.05) is passed
+    assert PacedRun(2, slack, underruns, busy).passed(0.05) is passed
 
 
 def test_the_report_names_every_run_and_the_capacity() -> None:
-    report = CapacityReport(1.06, 0, (PacedRun(1, -0.006, 1),), 0.05, 0)
+    report = CapacityReport(1.06, 0, (PacedRun(1, -0.006, 1, 0.93),), 0.05, 0)
     text = report.summary()
-    assert "1.06x real time (bound 0)" in text and "1 paced: least slack -6 ms, 1 underruns" in text
-    assert text.endswith("margin 50 ms -> 0 real-time streams")
+    assert "1.06x real time (bound 0)" in text
+    assert "1 paced: least slack -6 ms, engine busy 93%, 1 underruns" in text
+    assert text.endswith("margin 50 ms, busy at most 50% -> 0 real-time streams")
 
 
 @pytest.mark.parametrize(
-    ("bound", "hard", "passing", "runs", "capacity"),
+    ("bound", "hard", "passing", "busy", "runs", "capacity"),
     [
-        (8, None, 2, [8, 4, 2], 2),
-        (8, None, 8, [8], 8),
-        (0, None, 1, [1], 1),
-        (0, None, 0, [1], 0),
-        (5, None, 0, [5, 2, 1], 0),
-        (8, 3, 3, [3], 3),
+        (8, None, 2, 0.01, [8, 4, 2], 2),
+        (8, None, 8, 0.01, [8], 8),
+        (0, None, 1, 0.01, [1], 1),
+        (0, None, 0, 0.01, [1], 0),
+        (5, None, 0, 0.01, [5, 2, 1], 0),
+        (8, 3, 3, 0.01, [3], 3),
+        (8, None, 8, 0.2, [8, 2], 2),
+        (8, None, 1, 0.15, [8, 3, 1], 1),
+        (1, None, 1, 0.6, [1], 0),
     ],
-    ids=["halved-twice", "bound-holds", "bound-zero-one-passes", "bound-zero-none", "none", "slots-bound"],
+    ids=[
+        "halved-twice",
+        "bound-holds",
+        "bound-zero-one-passes",
+        "bound-zero-none",
+        "none",
+        "slots-bound",
+        "busy-sets-the-count",
+        "busy-then-margin",
+        "one-stream-too-busy",
+    ],
 )
-async def test_the_search_halves_from_the_bound_until_a_run_keeps_its_margin(
-    monkeypatch: pytest.MonkeyPatch, bound: int, hard: int | None, passing: int, runs: list[int],
-    capacity: int,
+async def test_the_search_from_the_bound_stops_at_the_first_run_that_keeps_margin_and_safety(
+    monkeypatch: pytest.MonkeyPatch, bound: int, hard: int | None, passing: int, busy: float,
+    runs: list[int], capacity: int,
 ) -> None:  # fmt: skip
-    """Paced runs start at max(bound, 1) (never past the slots) and halve until one passes; 0 when even
-    one stream does not. Runs of up to ``passing`` streams keep the margin here."""
+    """Paced runs start at max(bound, 1) (never past the slots); a run with the engine busier than the
+    safety factor is followed by the count its busy share allows, one that only lost the margin by half
+    the count; 0 when even one stream fails. Here runs of up to ``passing`` streams keep the margin and
+    each stream keeps the engine ``busy`` of the time."""
     from streamdec.server import probe
 
     async def throughput(decoder: object, frames: int, latent_dim: int, streams: int) -> float:
         return streams * frames / 50 / (2 * bound + 1.5)  # realtime_factor (2 bound + 1.5) x 0.5
 
     async def paced_run(decoder: object, streams: int, frames: int, **kw: float) -> PacedRun:
-        return PacedRun(streams, 0.06 if streams <= passing else 0.01, 0)
+        return PacedRun(streams, 0.06 if streams <= passing else 0.01, 0, busy * streams)
 
     monkeypatch.setattr(probe, "throughput", throughput)
     monkeypatch.setattr(probe, "paced_run", paced_run)
