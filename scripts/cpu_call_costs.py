@@ -108,7 +108,7 @@ def main() -> int:
             "torch_threads": torch.get_num_threads(),
             "load_average_1_5_15_at_start": load_at_start,
             "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
-        },  # fmt: skip
+        },
         "calls": rows,
     }
     if args.out:
