@@ -9,9 +9,10 @@ behind other streams' calls. So the probe has two steps::
     1. throughput    streams with every chunk at hand, decoded in the calls a real-time stream makes;
                      bound = audio seconds per wall second x SAFETY_FACTOR (may be 0)
     2. paced         n = max(bound, 1) streams paced at real time (one min_emit-frame chunk per chunk
-                     period; starts (1 + 1/n) chunk periods apart, so each stream's first call lands
-                     while the earlier ones step, and their chunks arrive at n different phases, as
-                     independent clients' do), each tile checked against a listener that starts
+                     period; starts spread evenly over min(n + 1, START_PERIODS) chunk periods
+                     (:func:`start_offsets`), so each stream's first call lands while earlier ones step,
+                     and their chunks arrive at n different phases, as independent clients' do, while
+                     all n overlap however large n is), each tile checked against a listener that starts
                      playing ``prebuffer`` after its first tile. n passes when every tile arrived at least
                      ``margin`` before it was needed and the engine was busy at most SAFETY_FACTOR of the
                      run (what these streams really cost, start-up included). Else n drops: to what the
@@ -50,6 +51,7 @@ __all__ = [
     "PacedRun",
     "measure_capacity",
     "probe_margin",
+    "start_offsets",
 ]
 
 #: Audio seconds per probe stream: the start-up and a second and more of steady state.
@@ -58,6 +60,17 @@ PROBE_SECONDS = 2.0
 THROUGHPUT_STREAMS = 4
 #: Share of the listener's prebuffer a paced probe stream must keep in hand at every tile.
 PROBE_MARGIN_SHARE = 0.5
+#: The paced streams' starts spread over at most this many chunk periods (about 0.5-1 s): every stream
+#: still overlaps the others for most of its PROBE_SECONDS.
+START_PERIODS = 12
+
+
+def start_offsets(streams: int, period: float) -> list[float]:
+    """When each paced stream starts, in seconds from the first: evenly over ``min(streams + 1,
+    START_PERIODS)`` chunk periods. Below START_PERIODS streams, ``1 + 1/streams`` periods apart: one
+    stream's first call per period, each at its own phase (``i / streams`` of a period)."""
+    spread = min(streams + 1, START_PERIODS) * period
+    return [i * spread / streams for i in range(streams)]
 
 
 def probe_margin(mode: str, prebuffer: float, flush_margin: float) -> float:
@@ -217,12 +230,11 @@ async def paced_run(
     decoder: _Decoder, streams: int, frames: int, *, latent_dim: int, frame_rate: float,
     sample_rate: int, prebuffer: float, margin: float,
 ) -> PacedRun:  # fmt: skip
-    """``streams`` real-time streams, starts ``1 + 1/streams`` chunk periods apart; stops early once a
-    tile arrives with less than ``margin`` in hand (the run has failed then; the rest would only cost
-    warm-up time)."""
+    """``streams`` real-time streams started at :func:`start_offsets`; stops early once a tile arrives
+    with less than ``margin`` in hand (the run has failed then; the rest would only cost warm-up time)."""
     clips = probe_clips(streams, frames, latent_dim)
     chunk = decoder.min_emit
-    stagger = chunk / frame_rate * (1 + 1 / streams)
+    offsets = start_offsets(streams, chunk / frame_rate)
     listeners = [ListenerClock(sample_rate, prebuffer) for _ in range(streams)]
     busy_before = _busy_seconds(decoder)
     began = time.monotonic()
@@ -230,7 +242,7 @@ async def paced_run(
     async with anyio.create_task_group() as tg:
 
         async def one(i: int) -> None:
-            source = PacedChunks(clips[i], chunk, frame_rate, began + i * stagger)
+            source = PacedChunks(clips[i], chunk, frame_rate, began + offsets[i])
             await anyio.sleep(max(source.start - time.monotonic(), 0.0))
             async with decoder.decode_tiles(source) as tiles:
                 async for tile in tiles:

@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from streamdec.server.probe import (
     PROBE_MARGIN_SHARE,
+    START_PERIODS,
     CapacityReport,
     ListenerClock,
     PacedChunks,
     PacedRun,
     probe_margin,
+    start_offsets,
 )
 
 RATE = 1000  # samples per second: positions and times in milliseconds read alike
@@ -156,3 +158,15 @@ async def test_the_search_from_the_bound_stops_at_the_first_run_that_keeps_margi
     )  # fmt: skip
     assert report.bound == bound
     assert ([r.streams for r in report.runs], report.capacity) == (runs, capacity)
+
+
+@given(st.integers(1, 5000))
+def test_paced_starts_overlap_and_take_distinct_phases(streams: int) -> None:
+    """However many streams: all start within START_PERIODS chunk periods (so they overlap), in order;
+    below that, 1 + 1/n periods apart, each at its own phase of the period."""
+    offsets = start_offsets(streams, 1.0)
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert offsets[-1] < min(streams + 1, START_PERIODS)
+    if streams < START_PERIODS:
+        phases = sorted(round(o % 1.0 * streams) % streams for o in offsets)
+        assert phases == list(range(streams))
