@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import socket
@@ -123,6 +124,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         settings.use_inductor_cache_dir(args.inductor_cache)  # process-wide: once, before anything compiles
     decoders = [_decoder(args, each) for each in codecs]
     group = DecoderGroup(decoders, names) if args.devices else None
+    if args.engine == "simulated" and _host_path_only(args.simulated_cost_ms):
+        # Cost 0,0 models no device: what such a server carries is the host path, which `streamdec
+        # loadtest` sweeps for; a warm-up probe would cap the very figure being measured.
+        config = dataclasses.replace(config, probe_capacity=False)
     async with group or decoders[0] as decoder:
         server = StreamServer(decoder, config, voice=voice)
         await _start(server, config)
@@ -190,6 +195,12 @@ async def _start(server: StreamServer, config: ServerConfig) -> None:
             raise UsageError(f"cannot listen on {where}: that address is not on this machine; "
                              "use 127.0.0.1, 0.0.0.0 or one of this machine's addresses") from exc  # fmt: skip
         raise
+
+
+def _host_path_only(cost: str) -> bool:
+    from streamdec.engine.simulated import SimulatedCost
+
+    return SimulatedCost.parse(cost) == SimulatedCost()
 
 
 def _device_names(args: argparse.Namespace) -> list[str]:

@@ -83,11 +83,9 @@ async def test_a_fast_engine_is_measured_through_paced_streams(codec: Any) -> No
         assert (status, body["capacity"], body["capacity_source"]) == (200, 2, "measured")
 
 
-def test_serve_prints_why_it_admits_nobody() -> None:
-    """`streamdec serve` on an engine slower than real time: the start-up lines say capacity 0 and that
-    every start will be refused, with the override named."""
-    cmd = [sys.executable, "-m", "streamdec.cli", "serve", "--codec", "tiny", "--port", "0",
-           "--engine", "simulated", "--simulated-cost-ms", "120"]  # fmt: skip
+def _serve_startup(*extra: str) -> str:
+    """`streamdec serve --codec tiny --port 0 EXTRA` up to the line with its URL, then stopped."""
+    cmd = [sys.executable, "-m", "streamdec.cli", "serve", "--codec", "tiny", "--port", "0", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("STREAMDEC_TOKEN", None)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -101,6 +99,19 @@ def test_serve_prints_why_it_admits_nobody() -> None:
     finally:
         proc.kill()
         out, _ = proc.communicate()
-    text = "".join(lines) + out
-    assert "capacity 0 real-time streams (measured)" in text
+    return "".join(lines) + out
+
+
+def test_serve_prints_why_it_admits_nobody() -> None:
+    """`streamdec serve` on an engine whose calls outlast the listener's buffer: the start-up lines say
+    capacity 0 and that every start will be refused, with the override named."""
+    text = _serve_startup("--engine", "simulated", "--simulated-cost-ms", "120")
+    assert "capacity 0 real-time streams (measured)" in text and "capacity probe: " in text
     assert "every start is refused with over_capacity" in text and "--max-streams-total" in text
+
+
+def test_serve_does_not_probe_the_host_path_alone() -> None:
+    """--engine simulated at cost 0,0 models no device: `streamdec loadtest` sweeps its capacity, so no
+    warm-up probe caps it; the decoder's slots bound it."""
+    text = _serve_startup("--engine", "simulated", "--slots", "64")
+    assert "capacity 64 real-time streams (unbounded)" in text and "capacity probe" not in text
