@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from websockets.asyncio.client import connect
 
+from streamdec.bench.meta import git_commit
 from streamdec.protocol import (
     Done,
     End,
@@ -59,6 +60,11 @@ class StreamOutcome:
     underruns: int = 0
     stall_s: float = 0.0  # total time the listener waited for audio after playback began
     stalls: list[tuple[float, float]] = field(default_factory=list)  # (audio position s, stall s) each
+    # one row per audio message: seconds since the first latent was sent when it arrived, its first
+    # sample's position in the stream (s), its length (s), and its slack: how long before the listener
+    # needed it it arrived (negative: an underrun of that much)
+    timeline: list[tuple[float, float, float, float]] = field(default_factory=list)
+    send_late_max_s: float = 0.0  # the most any latent message went out after its real-time moment
     play_s: float | None = None  # first audio -> last sample played (audio length + stalls + prebuffer)
     status: str | None = None  # done status
     audio_s: float = 0.0
@@ -75,11 +81,16 @@ class Listener:
         self.underruns, self.stall = 0, 0.0
         self.stalls: list[tuple[float, float]] = []
         self.samples = 0
+        self.timeline: list[tuple[float, float, float, float]] = []
 
-    def arrive(self, now: float, start_sample: int, n_samples: int) -> None:
+    def arrive(self, now: float, start_sample: int, n_samples: int, since: float = 0.0) -> None:
         if self.clock is None:
             self.first, self.clock = now, now + self.prebuffer
         due = self.clock + start_sample / self.rate
+        self.timeline.append(
+            (round(now - since, 4), round(start_sample / self.rate, 4), round(n_samples / self.rate, 4),
+             round(due - now, 4))
+        )  # fmt: skip
         if now > due:  # starved: playback stops until this message is here
             self.underruns += 1
             self.stall += now - due
@@ -117,7 +128,9 @@ async def offer(url: str, index: int, args: argparse.Namespace, out: StreamOutco
 
         async def produce() -> None:
             for seq, first in enumerate(range(0, frames, args.chunk)):
-                await asyncio.sleep(max(0.0, began + (first + args.chunk) / rate - time.monotonic()))
+                at = began + (first + args.chunk) / rate
+                await asyncio.sleep(max(0.0, at - time.monotonic()))
+                out.send_late_max_s = max(out.send_late_max_s, time.monotonic() - at)
                 await ws.send(encode_latents(index, seq, latents[first : first + args.chunk]))
             await ws.send(encode_text(End(index)))
 
@@ -128,7 +141,7 @@ async def offer(url: str, index: int, args: argparse.Namespace, out: StreamOutco
                 audio = parse_audio(message)
                 if out.ttfa_s is None:
                     out.ttfa_s = now - began
-                listener.arrive(now, audio.start_sample, audio.n_samples)
+                listener.arrive(now, audio.start_sample, audio.n_samples, since=began)
                 continue
             msg = parse_server_text(message)
             if isinstance(msg, ErrorMessage):
@@ -138,7 +151,7 @@ async def offer(url: str, index: int, args: argparse.Namespace, out: StreamOutco
                 break
         await producer
         out.underruns, out.stall_s, out.play_s = listener.underruns, listener.stall, listener.end()
-        out.stalls = listener.stalls
+        out.stalls, out.timeline = listener.stalls, listener.timeline
         out.audio_s = listener.samples / codec.sample_rate
 
 
@@ -186,6 +199,8 @@ def summary(outcomes: list[StreamOutcome]) -> dict[str, Any]:
         # past the first second: the start-up tiles (small, halo-heavy) are behind; what admission governs
         "admitted_underruns_after_1s": sum(1 for o in admitted for at, _ in o.stalls if at >= 1.0),
         "admitted_stall_after_1s_s": round(sum(s for o in admitted for at, s in o.stalls if at >= 1.0), 4),
+        # a producer that sent late starves its listener whatever the server does
+        "admitted_send_late_max_s": round(max((o.send_late_max_s for o in admitted), default=0.0), 4),
         "ttfa_p50_s": round(statistics.median(ttfa), 4) if ttfa else None,
         "ttfa_max_s": round(ttfa[-1], 4) if ttfa else None,
         "start_answer_max_s": round(max(answers), 4) if answers else None,
@@ -207,7 +222,8 @@ def main() -> int:
     parser.add_argument("--prebuffer-ms", type=float, default=100.0, help="listener's buffer before playing")
     parser.add_argument("--out", type=Path, help="write the JSON here")
     args = parser.parse_args()
-    proc, server_lines = None, []
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    proc, server_lines = None, list[str]()
     url = args.url
     if url is None:
         proc, url, server_lines = start_server(args.serve_args)
@@ -218,14 +234,19 @@ def main() -> int:
             proc.terminate()
             out, _ = proc.communicate(timeout=120)
             server_lines += out.splitlines()
+    commit, dirty = git_commit(Path(__file__).resolve().parent.parent)
     result = {
         "command": "python scripts/load_server.py " + shlex.join(sys.argv[1:]),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "host": {
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],  # other work sharing the CPUs
+            # other work sharing the CPUs, before and after the run
+            "load_average_1_5_15_at_start": load_at_start,
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         },
         "server_output": server_lines,
         "summary": summary(outcomes),

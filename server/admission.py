@@ -1,14 +1,16 @@
 """Admission by capacity: how many real-time streams the server takes, and the answer to one more.
 
 Pure: no sockets, no clock, no engine. :class:`StreamServer` measures the engine once at warm-up
-(:func:`realtime_streams`), builds an :class:`AdmissionController` and asks it before every ``start``,
-passing the live load. Three bounds, the smallest wins::
+(:mod:`.probe`), builds an :class:`AdmissionController` and asks it before every ``start``, passing the
+live load. Two bounds, the smallest wins::
 
     capacity = min( --max-streams-total   (operator override; else the warm-up measurement),
                     StreamDecoder.max_streams   (the decoder's own hard bound, when it has one) )
 
 and, whatever the capacity, a new stream is refused while the engine is already behind (more windows
-queued than the admitted streams can keep waiting in steady state).
+queued than the admitted streams can keep waiting in steady state). A measured capacity of 0 (the engine
+cannot keep one real-time stream's listener supplied) refuses every stream, saying so; an operator who
+wants streams served anyway, at best effort, sets ``--max-streams-total``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def realtime_streams(audio_seconds: float, wall_seconds: float, safety: float = 
     """Real-time streams one engine sustains: decoded audio per wall second, times ``safety``, floored.
 
     ``audio_seconds`` of audio (all streams together) took ``wall_seconds`` to decode in one batch.
-    At least 1: a server that cannot sustain one stream still serves one (slower than real time).
+    0 when that is below one stream: an engine slower than that serves nobody in real time.
     """
     if audio_seconds <= 0 or wall_seconds <= 0:
         raise ConfigError(
@@ -43,7 +45,7 @@ def realtime_streams(audio_seconds: float, wall_seconds: float, safety: float = 
         )
     if not 0 < safety <= 1:
         raise ConfigError(f"safety={safety} must be in (0, 1]")
-    return max(1, math.floor(audio_seconds / wall_seconds * safety))
+    return math.floor(audio_seconds / wall_seconds * safety)
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,8 @@ class Refusal:
 class AdmissionController:
     """Decides whether one more stream may start.
 
-    ``measured``: real-time streams from the warm-up probe (None before it ran, or when no probe runs);
+    ``measured``: real-time streams from the warm-up probe (None before it ran, or when no probe runs;
+    0 when the engine cannot serve one, and then every stream is refused);
     ``override``: ``--max-streams-total``, which replaces the measurement; ``hard_limit``: the decoder's
     own bound (``StreamDecoder.max_streams``), never exceeded. With neither a measurement nor an
     override the server admits up to ``hard_limit`` (unbounded without one): it has no figure to go by.
@@ -79,7 +82,9 @@ class AdmissionController:
         hard_limit: int | None = None,
         retry_after_ms: int = 1000,
     ) -> None:
-        for name, value in (("measured", measured), ("override", override), ("hard_limit", hard_limit)):
+        if measured is not None and measured < 0:
+            raise ConfigError(f"measured={measured} streams must be >= 0 (or None)")
+        for name, value in (("override", override), ("hard_limit", hard_limit)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value} streams must be >= 1 (or None)")
         if retry_after_ms < 0:
@@ -108,6 +113,13 @@ class AdmissionController:
     def check(self, load: Load) -> Refusal | None:
         """None to admit one more stream; else why not."""
         cap = self.capacity
+        if cap == 0:
+            return Refusal(
+                "this server cannot serve one real-time stream: at warm-up its engine could not keep one "
+                "stream's listener supplied (capacity 0, measured); use another server, or start this one "
+                "with --max-streams-total N to serve N streams at best effort (they may under-run)",
+                self.retry_after_ms,
+            )
         if cap is not None and load.open_streams >= cap:
             return Refusal(
                 f"{load.open_streams} streams open, capacity {cap} real-time streams ({self.source}); "

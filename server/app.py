@@ -33,14 +33,16 @@ from websockets.http11 import Request, Response
 from streamdec.engine.base import WarmupReport
 from streamdec.errors import ConfigError
 from streamdec.protocol import CLOSE_CODES, STREAM_PATH, CodecInfo, ErrorCode, error_message
+from streamdec.session import FlushPolicy
 from streamdec.streaming import StreamDecoder
 
-from .admission import SAFETY_FACTOR, AdmissionController, Load, Refusal, realtime_streams
+from .admission import AdmissionController, Load, Refusal
 from .config import ServerConfig
 from .connection import Connection
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
+from .probe import CapacityReport, measure_capacity, probe_margin
 
 if TYPE_CHECKING:
     from streamdec.voice import Voice
@@ -51,10 +53,6 @@ __all__ = ["StreamServer"]
 
 log = logging.getLogger("streamdec.server")
 
-#: Streams and audio seconds per stream of the warm-up capacity probe: enough windows that the engine
-#: batches as it does under load and the start-up tiles weigh as they do, few enough that the probe
-#: takes a few seconds on a CPU.
-_PROBE_STREAMS, _PROBE_SECONDS = 4, 2.0
 #: At most one log line per this many seconds about failing accept() calls (EMFILE and the like).
 _ACCEPT_LOG_EVERY = 10.0
 #: The browser page's files (clients/web/), served at / and /web/NAME.
@@ -96,6 +94,7 @@ class StreamServer:
             hard_limit=getattr(decoder, "max_streams", None),
             retry_after_ms=self.config.retry_after_ms,
         )
+        self.capacity_report: CapacityReport | None = None  # what the warm-up probe measured
         self.warm = False
         self.shutting_down = False
         self._connections: set[Connection] = set()
@@ -140,38 +139,27 @@ class StreamServer:
         return report
 
     async def measure_capacity(self) -> int:
-        """Real-time streams this engine sustains, from one batched run of the policy's tile schedule.
-
-        ``_PROBE_STREAMS`` streams of ``_PROBE_SECONDS`` of audio each start together and are decoded
-        through ``decode_tiles`` in chunks of ``min_emit`` frames, each taken as it comes: the calls (and
-        tiles) a stream paced in real time makes, batched by the engine across the streams as under load.
-        Capacity is the audio decoded per wall second times :data:`~.admission.SAFETY_FACTOR` (0.5).
-        """
-        rate = self.codec.sample_rate / self.codec.hop_size
-        frames = max(round(_PROBE_SECONDS * rate), 1)
-        n = min(_PROBE_STREAMS, self.admission.hard_limit or _PROBE_STREAMS)  # a decoder with slots: no more
-        gen = torch.Generator().manual_seed(0)
-        clips = torch.randn(n, frames, self.codec.latent_dim, generator=gen) * 0.5
-
-        chunk = self.decoder.min_emit
-
-        async def one(clip: torch.Tensor) -> None:
-            # Chunks of min_emit frames, one call per chunk: the calls a real-time stream makes. With the
-            # whole clip at hand the calls would be max_emit frames, several times cheaper per frame than
-            # a real-time stream's, and admission as many times too optimistic.
-            async with self.decoder.decode_tiles(list(torch.split(clip, chunk))) as tiles:
-                async for _ in tiles:
-                    pass
-
-        began = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for clip in clips:
-                tg.start_soon(one, clip)
-        wall = time.perf_counter() - began
-        audio = n * frames / rate
-        streams = realtime_streams(audio, wall, SAFETY_FACTOR)
-        log.info("capacity: %.2f s of audio in %.3f s -> %d real-time streams", audio, wall, streams)
-        return streams
+        """Real-time streams this engine serves with every listener kept supplied (see :mod:`.probe`):
+        a throughput bound, then streams paced in real time, start-up included, checked against the
+        listener's clock. 0 when not even one stream keeps half its listener's prebuffer in hand."""
+        decoder = self.decoder
+        policy = getattr(decoder, "flush_policy", None) or FlushPolicy()
+        report = await measure_capacity(
+            decoder,
+            latent_dim=self.codec.latent_dim,
+            frame_rate=self.codec.sample_rate / self.codec.hop_size,
+            sample_rate=self.codec.sample_rate,
+            prebuffer=policy.prebuffer_s,
+            margin=probe_margin(decoder.mode, policy.prebuffer_s, policy.margin_s),
+            hard_limit=self.admission.hard_limit,
+        )
+        self.capacity_report = report
+        if report.capacity == 0:
+            log.warning("capacity 0: %s; every start is refused with over_capacity (--max-streams-total N "
+                        "serves N streams at best effort)", report.summary())  # fmt: skip
+        else:
+            log.info("capacity: %s", report.summary())
+        return report.capacity
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Shut down as PROTOCOL.md says: ``/healthz`` 503 and no new streams at once; in-flight streams get
@@ -412,6 +400,7 @@ class StreamServer:
             "open_streams": load.open_streams,
             "capacity": self.admission.capacity,
             "capacity_source": self.admission.source,
+            "capacity_probe": None if self.capacity_report is None else self.capacity_report.summary(),
             "voice": self.voice_name,
             **self._devices(),
         }

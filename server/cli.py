@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import socket
@@ -126,6 +127,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         settings.use_inductor_cache_dir(args.inductor_cache)  # process-wide: once, before anything compiles
     decoders = [_decoder(args, each) for each in codecs]
     group = DecoderGroup(decoders, names) if args.devices else None
+    if args.engine == "simulated" and _host_path_only(args.simulated_cost_ms):
+        # Cost 0,0 models no device: what such a server carries is the host path, which `streamdec
+        # loadtest` sweeps for; a warm-up probe would cap the very figure being measured.
+        config = dataclasses.replace(config, probe_capacity=False)
     async with group or decoders[0] as decoder:
         server = StreamServer(decoder, config, voice=voice)
         await _start(server, config)
@@ -140,6 +145,12 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
               f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory, {state / 2**30:.2f} GiB of stream "
               f"state; capacity "
               f"{server.admission.capacity} real-time streams ({server.admission.source})", flush=True)  # fmt: skip
+        if server.capacity_report is not None:
+            print(f"streamdec: capacity probe: {server.capacity_report.summary()}", flush=True)
+        if server.admission.capacity == 0:
+            print("streamdec: this engine cannot keep one real-time stream's listener supplied here: every start "
+                  "is refused with over_capacity (--max-streams-total N serves N streams at best effort)",
+                  flush=True)  # fmt: skip
         if voice is not None:
             print(f"streamdec: voice {voice.name!r} speaks a start's text{_phonemes_note()}", flush=True)
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
@@ -188,6 +199,12 @@ async def _start(server: StreamServer, config: ServerConfig) -> None:
             raise UsageError(f"cannot listen on {where}: that address is not on this machine; "
                              "use 127.0.0.1, 0.0.0.0 or one of this machine's addresses") from exc  # fmt: skip
         raise
+
+
+def _host_path_only(cost: str) -> bool:
+    from streamdec.engine.simulated import SimulatedCost
+
+    return SimulatedCost.parse(cost) == SimulatedCost()
 
 
 def _device_names(args: argparse.Namespace) -> list[str]:

@@ -42,6 +42,7 @@ class DecoderGroup:
         self.codec = decoders[0].codec
         self.mode = decoders[0].mode
         self.min_emit = decoders[0].min_emit  # the decoders are built alike
+        self.flush_policy = decoders[0].flush_policy
 
     @property
     def max_streams(self) -> int | None:

@@ -225,9 +225,10 @@ class ServerThread:
         decoder = StreamDecoder(
             self.codec, min_emit=self.min_emit, max_emit=self.max_emit, engine=self.engine
         )
-        config = ServerConfig(
-            host="127.0.0.1", port=0, max_connections=self.max_connections, send_timeout=60.0
-        )
+        config = ServerConfig(  # no capacity probe: this bench measures concurrency itself
+            host="127.0.0.1", port=0, max_connections=self.max_connections, send_timeout=60.0,
+            probe_capacity=False,
+        )  # fmt: skip
         server = StreamServer(decoder, config)
         await server.start()
         await server.warmup()  # the engine is warm already: this only marks the server ready

@@ -55,7 +55,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real `streamdec serve` (tiny codec, token required) on a free port; yields its stream URL."""
     cwd = tmp_path_factory.mktemp("server")
-    cmd = [str(BIN), "serve", "--codec", "tiny", "--port", "0", "--token", TOKEN, "--max-emit", "16"]
+    # A known capacity: these tests are about the client's messages, and tiny may be slower than real
+    # time on this machine (the warm-up probe would then refuse every stream).
+    cmd = [str(BIN), "serve", "--codec", "tiny", "--port", "0", "--token", TOKEN, "--max-emit", "16",
+           "--max-streams-total", "4"]  # fmt: skip
     with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         assert proc.stdout is not None
         url = None

@@ -58,6 +58,8 @@ async def test_a_second_sigterm_stops_at_once() -> None:
         "0",
         "--grace",
         "300",
+        "--max-streams-total",  # a known capacity: what dac-tiny measures follows this machine's load
+        "2",
     ]
     proc, lines = _spawn(cmd), []
     try:

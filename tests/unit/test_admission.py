@@ -13,13 +13,13 @@ from streamdec.server.guards import ErrorBudget, origin_allowed, token_offered
 
 @pytest.mark.parametrize(
     ("audio", "wall", "safety", "streams"),
-    [(10.0, 1.0, 0.5, 5), (10.0, 1.0, 1.0, 10), (1.0, 4.0, 0.5, 1), (2.9, 1.0, 1.0, 2)],
-    ids=["10x-half", "10x-full", "slower-than-real-time-still-one", "floored"],
+    [(10.0, 1.0, 0.5, 5), (10.0, 1.0, 1.0, 10), (1.0, 4.0, 0.5, 0), (2.9, 1.0, 0.5, 1), (2.9, 1.0, 1.0, 2)],
+    ids=["10x-half", "10x-full", "slower-than-real-time-none", "below-two-one", "floored"],
 )
 def test_realtime_streams_is_throughput_times_safety(
     audio: float, wall: float, safety: float, streams: int
 ) -> None:
-    """Audio seconds decoded per wall second, times the safety factor, floored, at least one."""
+    """Audio seconds decoded per wall second, times the safety factor, floored: 0 below one stream."""
     assert realtime_streams(audio, wall, safety) == streams
 
 
@@ -58,6 +58,22 @@ def test_admits_exactly_up_to_capacity(capacity: int, open_streams: int) -> None
     assert (refusal is None) == (open_streams < capacity)
     if refusal is not None:
         assert refusal.retry_after_ms == 750 and str(capacity) in refusal.reason
+
+
+@given(st.integers(0, 100), st.integers(0, 1000), st.none() | st.integers(1, 64))
+def test_a_measured_capacity_of_zero_refuses_every_stream(
+    open_streams: int, queued: int, hard: int | None
+) -> None:
+    """An engine that cannot serve one real-time stream admits none, whatever the load, and says what
+    the operator can do; --max-streams-total still overrides (best effort)."""
+    ctl = AdmissionController(measured=0, hard_limit=hard, retry_after_ms=500)
+    assert (ctl.capacity, ctl.source) == (0, "measured")
+    refusal = ctl.check(Load(open_streams, queued))
+    assert refusal is not None and refusal.retry_after_ms == 500
+    assert "cannot serve one real-time stream" in refusal.reason and "--max-streams-total" in refusal.reason
+    assert ctl.full(Load(open_streams, queued))
+    forced = AdmissionController(measured=0, override=1)
+    assert forced.check(Load(0)) is None and forced.check(Load(1)) is not None
 
 
 def test_an_engine_that_is_behind_admits_nobody_new() -> None:
