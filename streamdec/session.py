@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ __all__ = [
     "MIN_PULL_WAIT_S",
     "FlushPolicy",
     "Job",
+    "SessionOptions",
     "StatefulSession",
     "StepJob",
     "StepPolicy",
@@ -165,6 +166,17 @@ def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -
             "or pass allow_non_finite=True to decode it anyway"
         )
     return tensor
+
+
+class SessionOptions(TypedDict):
+    """What every kind of session takes besides its plan: the codec's geometry and the stream's settings."""
+
+    latent_dim: int
+    hop_size: int
+    pad_latent: torch.Tensor
+    allow_non_finite: bool
+    flush_policy: FlushPolicy | None
+    sample_rate: int | None
 
 
 class _Intake:
