@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
 from streamdec.errors import CaptureFrozenError
 from streamdec.streaming import StreamDecoder
-from support.cuda_checks import snr_db
+from support.cuda_checks import random_chunks, snr_db
 
 pytestmark = pytest.mark.cuda
 
@@ -109,15 +108,8 @@ async def test_32_streams_batched_match_whole_clip(codec: Codec, completion: str
             _latents(rng.choice([30, 61, 90, 150, 257, 400]) + rng.randrange(9), 100 + i) for i in range(32)
         ]
 
-        def chunks(clip: torch.Tensor, seed: int) -> Iterator[torch.Tensor]:
-            r, start = random.Random(seed), 0
-            while start < clip.shape[0]:
-                n = r.randint(1, 40)
-                yield clip[start : start + n]
-                start += n
-
         async def one(i: int) -> torch.Tensor:
-            tiles = [t.samples async for t in dec.decode_tiles(chunks(clips[i], i))]
+            tiles = [t.samples async for t in dec.decode_tiles(random_chunks(clips[i], i, 40))]
             return torch.cat(tiles, dim=-1)
 
         outs = await asyncio.gather(*(one(i) for i in range(32)))

@@ -8,7 +8,8 @@ the same way; the thresholds stay in the tests.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -63,6 +64,15 @@ def whole_auk_against_float64(precision: str) -> tuple[Codec, float, float]:
     err, snr = float((out.double() - truth).abs().max()), snr_db(truth, out)
     print(f"auk-24k 2x70 {precision} vs float64: max abs {err:.3g}, SNR {snr:.1f} dB")
     return codec, err, snr
+
+
+def random_chunks(clip: torch.Tensor, seed: int, largest: int) -> Iterator[torch.Tensor]:
+    """``clip`` in consecutive chunks of seeded random lengths from 1 to ``largest`` frames."""
+    r, start = random.Random(seed), 0
+    while start < clip.shape[0]:
+        n = r.randint(1, largest)
+        yield clip[start : start + n]
+        start += n
 
 
 def captured_replay(
