@@ -180,8 +180,9 @@ class SessionOptions(TypedDict):
 
 
 class _Intake:
-    """What every session shares: validated latents buffered from frame ``_base`` to ``received``, and the
-    stream's pacing (first tile, decode-time estimate) under its :class:`FlushPolicy`."""
+    """What every session shares: the codec's geometry, validated latents buffered up to ``received``, the
+    frames whose tiles went out, and the stream's pacing (first tile, decode-time estimate) under its
+    :class:`FlushPolicy`. Each kind of session says where its buffer starts."""
 
     latent_dim: int
     hop_size: int
