@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ __all__ = [
     "MIN_PULL_WAIT_S",
     "FlushPolicy",
     "Job",
+    "SessionOptions",
     "StatefulSession",
     "StepJob",
     "StepPolicy",
@@ -174,9 +175,21 @@ def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -
     return tensor
 
 
+class SessionOptions(TypedDict):
+    """What every kind of session takes besides its plan: the codec's geometry and the stream's settings."""
+
+    latent_dim: int
+    hop_size: int
+    pad_latent: torch.Tensor
+    allow_non_finite: bool
+    flush_policy: FlushPolicy | None
+    sample_rate: int | None
+
+
 class _Intake:
-    """What every session shares: validated latents buffered from frame ``_base`` to ``received``, and the
-    stream's pacing (first tile, decode-time estimate) under its :class:`FlushPolicy`."""
+    """What every session shares: the codec's geometry, validated latents buffered up to ``received``, the
+    frames whose tiles went out, and the stream's pacing (first tile, decode-time estimate) under its
+    :class:`FlushPolicy`. Each kind of session says where its buffer starts."""
 
     latent_dim: int
     hop_size: int
@@ -190,9 +203,21 @@ class _Intake:
     first_audio_at: float | None
     decode_s: float | None
 
-    def _init_pacing(self, flush_policy: FlushPolicy | None, sample_rate: int | None) -> None:
+    def __init__(
+        self, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor, allow_non_finite: bool,
+        flush_policy: FlushPolicy | None, sample_rate: int | None,
+    ) -> None:  # fmt: skip
+        if tuple(pad_latent.shape) != (latent_dim,):
+            raise ConfigError(f"pad_latent has shape {tuple(pad_latent.shape)}, expected ({latent_dim},)")
         if sample_rate is not None and sample_rate < 1:
             raise ConfigError(f"sample_rate must be >= 1 Hz, got {sample_rate}")
+        self.latent_dim = latent_dim
+        self.hop_size = hop_size
+        self.allow_non_finite = allow_non_finite
+        self._buf = torch.empty(0, latent_dim)  # latents not yet dropped, up to `received`
+        self.received = 0
+        self.ended = False
+        self.completed_frames = 0  # frames whose audio went out in tiles
         self.flush_policy = flush_policy or FlushPolicy()
         self.sample_rate = sample_rate
         self.first_audio_at = None  # the caller's clock at the first tile
@@ -249,6 +274,18 @@ class _Intake:
         """No more chunks: every remaining frame becomes due. Idempotent."""
         self.ended = True
 
+    def _tile(self, emit_start: int, emit_end: int, audio: torch.Tensor) -> Tile:
+        """The tile of frames ``emit_start .. emit_end``, checked: the audio's length, and tiles in order."""
+        expected = (emit_end - emit_start) * self.hop_size
+        if audio.dim() != 2 or audio.shape[-1] != expected:
+            raise ShapeError(f"engine returned audio {tuple(audio.shape)}, expected [channels, {expected}]")
+        if emit_start != self.completed_frames:
+            raise ConfigError(
+                f"tile for frame {emit_start} completed out of order (next is {self.completed_frames})"
+            )
+        self.completed_frames = emit_end
+        return Tile(emit_start, emit_end - emit_start, emit_start * self.hop_size, audio)
+
 
 class StreamSession(_Intake):
     """One stream's state: buffered latents, its planner, and where its audio has got to."""
@@ -264,19 +301,13 @@ class StreamSession(_Intake):
         flush_policy: FlushPolicy | None = None,
         sample_rate: int | None = None,
     ) -> None:
-        if tuple(pad_latent.shape) != (latent_dim,):
-            raise ConfigError(f"pad_latent has shape {tuple(pad_latent.shape)}, expected ({latent_dim},)")
-        self._init_pacing(flush_policy, sample_rate)
+        super().__init__(
+            latent_dim=latent_dim, hop_size=hop_size, pad_latent=pad_latent, allow_non_finite=allow_non_finite,
+            flush_policy=flush_policy, sample_rate=sample_rate,
+        )  # fmt: skip
         self.planner = planner
-        self.latent_dim = latent_dim
-        self.hop_size = hop_size
-        self.allow_non_finite = allow_non_finite
         self._pad = pad_latent.detach().to("cpu", torch.float32)
-        self._buf = torch.empty(0, latent_dim)  # latents from frame `_base` to `received`
-        self._base = 0
-        self.received = 0
-        self.ended = False
-        self.completed_frames = 0  # frames whose audio went out in tiles
+        self._base = 0  # the frame `_buf` starts at
 
     # -- planning ----------------------------------------------------------------------------------
     @property
@@ -325,21 +356,7 @@ class StreamSession(_Intake):
     # -- output ------------------------------------------------------------------------------------
     def complete(self, job: Job, audio: torch.Tensor) -> Tile:
         """Turn the decoded emitted audio of ``job`` (``[channels, emit_frames * hop]``) into a Tile."""
-        window = job.window
-        expected = window.emit_frames * self.hop_size
-        if audio.dim() != 2 or audio.shape[-1] != expected:
-            raise ShapeError(f"engine returned audio {tuple(audio.shape)}, expected [channels, {expected}]")
-        if window.emit_start != self.completed_frames:
-            raise ConfigError(
-                f"tile for frame {window.emit_start} completed out of order (next is {self.completed_frames})"
-            )
-        self.completed_frames = window.emit_end
-        return Tile(
-            start_frame=window.emit_start,
-            frames=window.emit_frames,
-            start_sample=window.emit_start * self.hop_size,
-            samples=audio,
-        )
+        return self._tile(job.window.emit_start, job.window.emit_end, audio)
 
     def snapshot(self) -> dict[str, int | bool]:
         return {
@@ -430,18 +447,12 @@ class StatefulSession(_Intake):
         self, policy: StepPolicy, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor,
         allow_non_finite: bool = False, flush_policy: FlushPolicy | None = None, sample_rate: int | None = None,
     ) -> None:  # fmt: skip
-        self._init_pacing(flush_policy, sample_rate)
+        super().__init__(
+            latent_dim=latent_dim, hop_size=hop_size, pad_latent=pad_latent, allow_non_finite=allow_non_finite,
+            flush_policy=flush_policy, sample_rate=sample_rate,
+        )  # fmt: skip
         self.policy = policy
-        self.latent_dim = latent_dim
-        self.hop_size = hop_size
-        self.allow_non_finite = allow_non_finite
-        if tuple(pad_latent.shape) != (latent_dim,):
-            raise ConfigError(f"pad_latent has shape {tuple(pad_latent.shape)}, expected ({latent_dim},)")
-        self._buf = torch.empty(0, latent_dim)  # latents from frame `fed` to `received`
-        self.received = 0
-        self.fed = 0  # frames handed to calls
-        self.ended = False
-        self.completed_frames = 0
+        self.fed = 0  # frames handed to calls; `_buf` starts here
         self._done = False
 
     @property
@@ -504,15 +515,8 @@ class StatefulSession(_Intake):
         return StepJob(kind, latents, start, start + emit)
 
     def complete(self, job: StepJob, audio: torch.Tensor) -> Tile:
-        expected = job.emit_frames * self.hop_size
-        if audio.dim() != 2 or audio.shape[-1] != expected:
-            raise ShapeError(f"engine returned audio {tuple(audio.shape)}, expected [channels, {expected}]")
-        if job.emit_start != self.completed_frames:
-            raise ConfigError(
-                f"tile for frame {job.emit_start} completed out of order (next is {self.completed_frames})"
-            )
-        self.completed_frames = job.emit_end
-        return Tile(job.emit_start, job.emit_frames, job.emit_start * self.hop_size, audio)
+        """Turn the decoded audio of ``job`` (``[channels, emit_frames * hop]``) into a Tile."""
+        return self._tile(job.emit_start, job.emit_end, audio)
 
     def snapshot(self) -> dict[str, int | bool]:
         return {

@@ -29,7 +29,17 @@ from .codecs.stateful import StatefulNet, supports_stateful
 from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
 from .errors import ConcurrentIterationError, ConfigError, EngineClosedError, NonFiniteOutputError, ShapeError
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
-from .session import FlushPolicy, Job, StatefulSession, StepJob, StepPolicy, StreamSession, Tile, as_latents
+from .session import (
+    FlushPolicy,
+    Job,
+    SessionOptions,
+    StatefulSession,
+    StepJob,
+    StepPolicy,
+    StreamSession,
+    Tile,
+    as_latents,
+)
 
 Mode = Literal["stateful", "halo"]
 #: stateful stream slots a decoder allocates when ``max_streams`` is not given
@@ -213,40 +223,24 @@ class StreamDecoder:
         """
         if self._closed:
             raise EngineClosedError("decode_tiles() on a closed StreamDecoder")
-        allow = self.allow_non_finite if allow_non_finite is None else allow_non_finite
-        if self.policy is not None:
-            policy = self.policy
-            if min_emit is not None or max_emit is not None:
-                policy = self._policy(
-                    self.min_emit if min_emit is None else min_emit,
-                    self.max_emit if max_emit is None else max_emit,
-                )
-            stateful = StatefulSession(
-                policy,
-                latent_dim=self.codec.latent_dim,
-                hop_size=self.codec.hop_size,
-                pad_latent=self.codec.pad_latent,
-                allow_non_finite=allow,
-                flush_policy=self.flush_policy,
-                sample_rate=self.codec.sample_rate,
-            )
-            slot = self.engine.open_slot()  # TooManyStreamsError when every slot is taken: refused now
-            return TileStream(self, stateful, chunks, next(self._ids), slot=slot)
-        planner = self._planner(
-            self.min_emit if min_emit is None else min_emit,
-            self.max_emit if max_emit is None else max_emit,
-            self.window_sizes,
-        )
-        session = StreamSession(
-            planner,
+        options = SessionOptions(
             latent_dim=self.codec.latent_dim,
             hop_size=self.codec.hop_size,
             pad_latent=self.codec.pad_latent,
-            allow_non_finite=allow,
+            allow_non_finite=self.allow_non_finite if allow_non_finite is None else allow_non_finite,
             flush_policy=self.flush_policy,
             sample_rate=self.codec.sample_rate,
         )
-        return TileStream(self, session, chunks, next(self._ids))
+        own_sizes = min_emit is not None or max_emit is not None
+        min_emit = self.min_emit if min_emit is None else min_emit
+        max_emit = self.max_emit if max_emit is None else max_emit
+        if self.policy is not None:
+            policy = self._policy(min_emit, max_emit) if own_sizes else self.policy
+            stateful = StatefulSession(policy, **options)
+            slot = self.engine.open_slot()  # TooManyStreamsError when every slot is taken: refused now
+            return TileStream(self, stateful, chunks, next(self._ids), slot=slot)
+        planner = self._planner(min_emit, max_emit, self.window_sizes)
+        return TileStream(self, StreamSession(planner, **options), chunks, next(self._ids))
 
     async def decode(self, latents: Any, *, max_in_flight: int = 8) -> torch.Tensor:
         """Decode whole clips through the engine, tiled: ``[T, D] -> [C, T*hop]``, ``[B, T, D] -> [B, C, T*hop]``.

@@ -16,6 +16,8 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import pytest
 import torch
 
+import streamdec
+
 _MARK_BY_FOLDER = {"gpu": "cuda", "ref": "ref"}
 
 
@@ -31,3 +33,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def codec() -> streamdec.Codec:
+    """The "tiny" codec on the CPU, once per module: what the server and engine tests decode with unless a
+    module asks for another (by defining its own ``codec``)."""
+    return streamdec.load_codec("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def fast_codec() -> streamdec.Codec:
+    """dac-tiny on the CPU, about ten times faster than "tiny": for tests whose streams must decode ahead
+    of real time."""
+    return streamdec.load_codec("dac-tiny", device="cpu")

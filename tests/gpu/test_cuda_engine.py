@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
 from streamdec.errors import CaptureFrozenError
 from streamdec.streaming import StreamDecoder
+from support.cuda_checks import random_chunks, snr_db
 
 pytestmark = pytest.mark.cuda
 
@@ -50,11 +50,6 @@ def _eager_slice(codec: Codec, latents: torch.Tensor, lo: int, hi: int) -> torch
     """Eager decode of one window as a batch of one, emitted frames lo..hi, on the CPU."""
     audio = _eager(codec, latents[None].cuda())[0]
     return audio[:, lo * codec.hop_size : hi * codec.hop_size].cpu()
-
-
-def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    noise = (out.double() - ref.double()).pow(2).sum()
-    return float(10 * torch.log10(ref.double().pow(2).sum() / noise.clamp_min(1e-300)))
 
 
 async def test_plain_graph_equals_eager(codec: Codec) -> None:
@@ -94,11 +89,11 @@ async def test_compiled_graph_matches_eager(codec: Codec) -> None:
         ref = _eager(codec, x)
         out = graph.static_out.clone()
     assert (out - ref).abs().max().item() <= 1e-4
-    assert _snr_db(ref, out) >= 70.0
+    assert snr_db(ref, out) >= 70.0
     window = _latents(70, 4)
     got = await engine.decode_window(WindowRequest(0, window, 10, 40))
     want = _eager_slice(codec, window, 10, 50)
-    assert (got - want).abs().max().item() <= 1e-4 and _snr_db(want, got) >= 70.0
+    assert (got - want).abs().max().item() <= 1e-4 and snr_db(want, got) >= 70.0
     await engine.aclose()
 
 
@@ -113,15 +108,8 @@ async def test_32_streams_batched_match_whole_clip(codec: Codec, completion: str
             _latents(rng.choice([30, 61, 90, 150, 257, 400]) + rng.randrange(9), 100 + i) for i in range(32)
         ]
 
-        def chunks(clip: torch.Tensor, seed: int) -> Iterator[torch.Tensor]:
-            r, start = random.Random(seed), 0
-            while start < clip.shape[0]:
-                n = r.randint(1, 40)
-                yield clip[start : start + n]
-                start += n
-
         async def one(i: int) -> torch.Tensor:
-            tiles = [t.samples async for t in dec.decode_tiles(chunks(clips[i], i))]
+            tiles = [t.samples async for t in dec.decode_tiles(random_chunks(clips[i], i, 40))]
             return torch.cat(tiles, dim=-1)
 
         outs = await asyncio.gather(*(one(i) for i in range(32)))

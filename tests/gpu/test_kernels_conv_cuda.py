@@ -8,7 +8,6 @@ fp32's error and the whole decode at 120 dB. Each test prints its figures.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 
 import pytest
@@ -16,15 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import streamdec.kernels.conv as kconv
-from streamdec.codecs import Codec, load_codec
-from streamdec.engine.graphs import static_forward
 from streamdec.kernels.conv import split_conv1d
 from streamdec.kernels.split import pack_split_weight, split_input, split_weight
+from support.cuda_checks import AUK_LAYERS, captured_replay, layer_case, rel_error, whole_auk_against_float64
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
-
-# auk-24k's dense-conv shapes at one 70-frame window: (Cin = Cout, kernel, dilation, output samples)
-AUK_LAYERS = [(1536, 7, 1, 70), (768, 3, 1, 350), (768, 11, 5, 350), (384, 7, 3, 1400), (96, 11, 5, 8400)]
 
 
 @pytest.fixture
@@ -33,16 +28,10 @@ def triton_conv(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def _rel(out: torch.Tensor, exact: torch.Tensor) -> float:
-    return float((out.double() - exact).abs().max() / exact.abs().max())
-
-
 @pytest.mark.parametrize(("channels", "ksize", "dilation", "tout"), AUK_LAYERS)
 def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int, tout: int) -> None:
     """Triton split conv within 3x cuDNN fp32's error; the cuDNN split (one accumulator) for comparison."""
-    gen = torch.Generator().manual_seed(channels + ksize)
-    x = torch.randn(2, channels, tout + (ksize - 1) * dilation, generator=gen).cuda()
-    w = (torch.randn(channels, channels, ksize, generator=gen) / (channels * ksize) ** 0.5).cuda()
+    x, w = layer_case(2, channels, ksize, dilation, tout)
     exact = F.conv1d(x.double(), w.double(), dilation=dilation)
     packed = pack_split_weight(w)
     saved = torch.backends.cudnn.allow_tf32
@@ -55,7 +44,11 @@ def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int
             ours = split_conv1d(x, packed, None, dilation)
     finally:
         torch.backends.cudnn.allow_tf32 = saved
-    errors = {"fp32": _rel(fp32, exact), "cudnn_split": _rel(cudnn_split, exact), "triton": _rel(ours, exact)}
+    errors = {
+        "fp32": rel_error(fp32, exact),
+        "cudnn_split": rel_error(cudnn_split, exact),
+        "triton": rel_error(ours, exact),
+    }
     print(
         f"C={channels} k={ksize} d={dilation} T={tout}: "
         + ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
@@ -65,20 +58,8 @@ def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int
 
 def test_whole_auk_decode_reaches_float32_accuracy(triton_conv: None) -> None:
     """tf32x3 with the Triton conv against float64: at least 100 dB (cuDNN split: 83, fp32: 115)."""
-    codec: Codec = load_codec("auk-24k", device="cuda", dtype=torch.float32)
-    z = torch.randn(2, 70, 64, generator=torch.Generator().manual_seed(1)).cuda()
-    exact = copy.deepcopy(codec).double()
-    exact.refresh_cache()
-    with torch.inference_mode():
-        truth = static_forward(exact)(z.double())
-    del exact
-    codec.precision = "tf32x3"
+    codec, err, snr = whole_auk_against_float64("tf32x3")
     assert all(m.packed_split is not None for m in codec.modules() if hasattr(m, "packed_split"))
-    with torch.inference_mode(), codec.numerics():
-        out = static_forward(codec)(z)
-    err = float((out.double() - truth).abs().max())
-    snr = float(10 * torch.log10(truth.pow(2).sum() / (out.double() - truth).pow(2).sum()))
-    print(f"auk-24k 2x70 tf32x3 + Triton conv vs float64: max abs {err:.3g}, SNR {snr:.1f} dB")
     assert snr >= 100.0 and err <= 1e-5
 
 
@@ -93,18 +74,9 @@ def test_compiled_and_captured_conv_matches_eager(triton_conv: None) -> None:
         out = split_conv1d(t, packed, bias, 3)
         return out + 1.0
 
-    compiled = torch.compile(conv, fullgraph=True)
-    with torch.no_grad():
-        eager = conv(x)
-        compiled(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = compiled(x)
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, conv(x))  # same kernel, same inputs: bit for bit
-        assert not torch.equal(out, eager)  # and the replay read the new input
+    out, again, eager = captured_replay(conv, x)
+    assert torch.equal(out, again)  # same kernel, same inputs: bit for bit
+    assert not torch.equal(out, eager)  # and the replay read the new input
 
 
 @pytest.mark.parametrize(("channels", "ksize", "dilation", "tout"), AUK_LAYERS[:3])

@@ -8,17 +8,14 @@ or more. Each test prints its figures.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from streamdec.codecs import Codec, load_codec
-from streamdec.engine.graphs import static_forward
 from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import f16_conv_supported, split_conv1d_f16
 from streamdec.kernels.split import pack_split_weight_f16, split_input_f16
+from support.cuda_checks import AUK_LAYERS, captured_replay, layer_case, rel_error, whole_auk_against_float64
 
 pytestmark = [
     pytest.mark.cuda,
@@ -29,26 +26,10 @@ pytestmark = [
     ),
 ]
 
-# auk-24k's dense-conv shapes at one 70-frame window: (Cin = Cout, kernel, dilation, output samples)
-AUK_LAYERS = [(1536, 7, 1, 70), (768, 3, 1, 350), (768, 11, 5, 350), (384, 7, 3, 1400), (96, 11, 5, 8400)]
-
-
-def _case(
-    batch: int, channels: int, ksize: int, dilation: int, tout: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(channels + ksize)
-    x = torch.randn(batch, channels, tout + (ksize - 1) * dilation, generator=gen).cuda()
-    w = (torch.randn(channels, channels, ksize, generator=gen) / (channels * ksize) ** 0.5).cuda()
-    return x, w
-
-
-def _rel(out: torch.Tensor, exact: torch.Tensor) -> float:
-    return float((out.double() - exact).abs().max() / exact.abs().max())
-
 
 @pytest.mark.parametrize(("channels", "ksize", "dilation", "tout"), AUK_LAYERS)
 def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int, tout: int) -> None:
-    x, w = _case(2, channels, ksize, dilation, tout)
+    x, w = layer_case(2, channels, ksize, dilation, tout)
     exact = F.conv1d(x.double(), w.double(), dilation=dilation)
     packed, inverse = pack_split_weight_f16(w)
     saved = torch.backends.cudnn.allow_tf32
@@ -59,7 +40,7 @@ def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int
             ours = split_conv1d_f16(x, packed, inverse, None, dilation)
     finally:
         torch.backends.cudnn.allow_tf32 = saved
-    errors = {"fp32": _rel(fp32, exact), "fp16x3": _rel(ours, exact)}
+    errors = {"fp32": rel_error(fp32, exact), "fp16x3": rel_error(ours, exact)}
     print(
         f"C={channels} k={ksize} d={dilation} T={tout}: "
         + ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
@@ -69,13 +50,13 @@ def test_layer_accuracy_against_float64(channels: int, ksize: int, dilation: int
 
 def test_rows_of_any_magnitude_keep_their_accuracy() -> None:
     """One power-of-two scale per row: a row at 1e-20 next to one at 1e20 is as accurate as alone."""
-    x, w = _case(3, 256, 7, 3, 500)
+    x, w = layer_case(3, 256, 7, 3, 500)
     x = x * torch.tensor([1e-20, 1.0, 1e20], device="cuda")[:, None, None]
     packed, inverse = pack_split_weight_f16(w)
     with torch.inference_mode():
         out = split_conv1d_f16(x, packed, inverse, None, 3)
     exact = F.conv1d(x.double(), w.double(), dilation=3)
-    errors = [_rel(out[b], exact[b]) for b in range(3)]
+    errors = [rel_error(out[b], exact[b]) for b in range(3)]
     print("per-row relative error at 1e-20, 1, 1e20:", [f"{e:.2e}" for e in errors])
     assert max(errors) <= 2e-6 and torch.isfinite(out).all()
 
@@ -86,7 +67,7 @@ def test_every_launch_gives_the_same_bits(channels: int, ksize: int, dilation: i
     is fixed per layer)."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    x, w = _case(16, channels, ksize, dilation, tout)
+    x, w = layer_case(16, channels, ksize, dilation, tout)
     packed, inverse = pack_split_weight_f16(w)
     hi, lo, x_inv = split_input_f16(x)
     args = (packed[0], packed[1], inverse, None, dilation)
@@ -125,7 +106,7 @@ def test_residual_in_the_epilogue_is_a_separate_add(tiles: f16_launch.Tiles, spl
     """The residual added in the kernel's epilogue (or the chunk-sum kernel's) rounds as ``r + conv``."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    x, w = _case(4, 768, 11, 1, 350)
+    x, w = layer_case(4, 768, 11, 1, 350)
     packed, inverse = pack_split_weight_f16(w)
     args = (*tc.split_f16(x), packed[0], packed[1], inverse, None, 1)
     with torch.inference_mode():
@@ -142,7 +123,7 @@ def test_phases_are_interleaved(tiles: f16_launch.Tiles, split: bool) -> None:
     moved, bit for bit (auk-24k's third upsample: 384 -> 3 x 192)."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    x, _ = _case(4, 384, 2, 1, 350)
+    x, _ = layer_case(4, 384, 2, 1, 350)
     w = torch.randn(576, 384, 2, device="cuda") / 28.0  # 576 = 3 phases x 192 outputs
     packed, inverse = pack_split_weight_f16(w)
     args = (*tc.split_f16(x), packed[0], packed[1], inverse, torch.randn(576, device="cuda"), 1)
@@ -156,7 +137,7 @@ def test_phases_are_interleaved(tiles: f16_launch.Tiles, split: bool) -> None:
 
 def test_padding_inside_the_op_is_padding_before_it() -> None:
     """The op's own zero padding gives the bits of the same op on a padded copy (one layer, batch 3)."""
-    x, w = _case(3, 192, 7, 3, 400)
+    x, w = layer_case(3, 192, 7, 3, 400)
     packed, inverse = pack_split_weight_f16(w)
     with torch.inference_mode():
         for pads in ((18, 0), (9, 9)):
@@ -167,21 +148,9 @@ def test_padding_inside_the_op_is_padding_before_it() -> None:
 
 def test_whole_auk_decode_reaches_float32_accuracy() -> None:
     """fp16x3 against float64: at least 100 dB and 1e-5 (fp32: 115 dB, tf32x3 with Triton: 120)."""
-    codec: Codec = load_codec("auk-24k", device="cuda", dtype=torch.float32)
-    z = torch.randn(2, 70, 64, generator=torch.Generator().manual_seed(1)).cuda()
-    exact = copy.deepcopy(codec).double()
-    exact.refresh_cache()
-    with torch.inference_mode():
-        truth = static_forward(exact)(z.double())
-    del exact
-    codec.precision = "fp16x3"
+    codec, err, snr = whole_auk_against_float64("fp16x3")
     assert f16_conv_supported(codec.conv_pre.weight)
     assert all(m.packed_f16 is not None for m in codec.modules() if hasattr(m, "packed_f16"))
-    with torch.inference_mode(), codec.numerics():
-        out = static_forward(codec)(z)
-    err = float((out.double() - truth).abs().max())
-    snr = float(10 * torch.log10(truth.pow(2).sum() / (out.double() - truth).pow(2).sum()))
-    print(f"auk-24k 2x70 fp16x3 vs float64: max abs {err:.3g}, SNR {snr:.1f} dB")
     assert snr >= 100.0 and err <= 1e-5
 
 
@@ -195,18 +164,9 @@ def test_compiled_and_captured_conv_matches_eager() -> None:
     def conv(t: torch.Tensor) -> torch.Tensor:
         return split_conv1d_f16(t, packed, inverse, bias, 3) + 1.0
 
-    compiled = torch.compile(conv, fullgraph=True)
-    with torch.no_grad():
-        eager = conv(x)
-        compiled(x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = compiled(x)
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, conv(x))  # the split is exact arithmetic: compiled or not, same bits
-        assert not torch.equal(out, eager)  # and the replay read the new input
+    out, again, eager = captured_replay(conv, x)
+    assert torch.equal(out, again)  # the split is exact arithmetic: compiled or not, same bits
+    assert not torch.equal(out, eager)  # and the replay read the new input
 
 
 # A stateful step's rows: auk-24k at 4 frames a step (768 channels: 20 samples; 384: 80; 96: 1280) and
@@ -223,7 +183,7 @@ def test_packed_short_rows_give_the_same_bits(
     row exactly the bits it gets alone, with and without a residual, and are as accurate."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    x, w = _case(256, channels, ksize, dilation, tout)
+    x, w = layer_case(256, channels, ksize, dilation, tout)
     x = x * torch.logspace(-3, 3, 256, device="cuda")[:, None, None]  # rows of very different peaks
     packed, inverse = pack_split_weight_f16(w)
     hi, lo, x_inv = split_input_f16(x)
@@ -247,7 +207,7 @@ def test_packed_short_rows_give_the_same_bits(
     assert torch.equal(ours, alone) and torch.equal(single[0], ours[7])
     assert torch.equal(with_residual, residual + alone)
     exact = F.conv1d(x.double(), w.double(), bias.double(), dilation=dilation)
-    assert max(_rel(ours[b], exact[b]) for b in (0, 128, 255)) <= 2e-6
+    assert max(rel_error(ours[b], exact[b]) for b in (0, 128, 255)) <= 2e-6
 
 
 def test_packed_tiles_are_what_the_step_buckets_get() -> None:

@@ -17,19 +17,10 @@ from streamdec.codecs import load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.engine.graphs import static_forward
 from streamdec.kernels import set_fused, sizing
+from support.activations import random_activation
+from support.cuda_checks import snr_db
 
 pytestmark = pytest.mark.cuda
-
-
-def _activation(channels: int, seed: int) -> AliasFreeActivation:
-    gen = torch.Generator().manual_seed(seed)
-    act = AliasFreeActivation(channels)
-    with torch.no_grad():
-        act.act.alpha.copy_(torch.randn(channels, generator=gen) * 0.3)
-        act.act.beta.copy_(torch.randn(channels, generator=gen) * 0.3 + 1.0)
-    act = act.cuda()
-    act.refresh_cache()
-    return act
 
 
 def _reference(act: AliasFreeActivation, x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +49,7 @@ def test_kernel_equals_reference_poisoned_output() -> None:
 
     worst = 0.0
     for i, (batch, channels, length) in enumerate(_shapes()):
-        act = _activation(channels, i)
+        act = random_activation(channels, i, "cuda")
         x = torch.randn(batch, channels, length, device="cuda") * (0.5 + 3.0 * (i % 4))
         want = _reference(act, x)
         flat = x.view(batch * channels, length)
@@ -75,7 +66,7 @@ def test_kernel_equals_reference_poisoned_output() -> None:
 @pytest.mark.filterwarnings("ignore")  # opcheck's own internals may warn on some torch versions
 def test_peak_variant_gives_the_same_output_and_its_row_peaks() -> None:
     """The op a float16 split conv follows: the activation's bits, plus each batch row's max |y| bits."""
-    act = _activation(96, 7)
+    act = random_activation(96, 7, "cuda")
     x = torch.randn(16, 96, 4203, device="cuda") * torch.logspace(-3, 3, 16, device="cuda")[:, None, None]
     args = (act.filter, act.act.alpha_exp, act.act.beta_inv)
     with torch.inference_mode():
@@ -86,7 +77,7 @@ def test_peak_variant_gives_the_same_output_and_its_row_peaks() -> None:
 
 
 def test_op_and_layer_use_the_kernel() -> None:
-    act = _activation(48, 1)
+    act = random_activation(48, 1, "cuda")
     x = torch.randn(4, 48, 777, device="cuda")
     with torch.no_grad():
         fused = act(x)
@@ -99,7 +90,7 @@ def test_op_and_layer_use_the_kernel() -> None:
 
 def test_env_switch_and_bf16_keep_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """STREAMDEC_NO_FUSED (read at import) and bf16 inputs take the reference path: the op is never called."""
-    act = _activation(8, 2)
+    act = random_activation(8, 2, "cuda")
     x = torch.randn(2, 8, 300, device="cuda")
     from streamdec.kernels import _triton_alias_free as tk
 
@@ -119,11 +110,6 @@ def test_env_switch_and_bf16_keep_reference(monkeypatch: pytest.MonkeyPatch) -> 
         assert act(xb).dtype == torch.bfloat16
 
 
-def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    noise = (out.double() - ref.double()).pow(2).sum().clamp_min(1e-300)
-    return float(10 * torch.log10(ref.double().pow(2).sum() / noise))
-
-
 @pytest.fixture
 def no_tf32() -> Iterator[None]:
     """Full-fp32 convolutions: with TF32 on, a 1e-7 change can flip a TF32 rounding and grow to ~1e-3."""
@@ -141,7 +127,7 @@ def test_whole_auk_decode_with_and_without_kernel(no_tf32: None) -> None:
     ref = codec.decode(z)
     set_fused(codec, True)
     out = codec.decode(z)
-    err, snr = (out - ref).abs().max().item(), _snr_db(ref, out)
+    err, snr = (out - ref).abs().max().item(), snr_db(ref, out)
     print(f"auk-24k: max abs {err:.3g}, SNR {snr:.1f} dB")
     assert err <= 1e-4 and snr >= 70.0
 
@@ -149,7 +135,7 @@ def test_whole_auk_decode_with_and_without_kernel(no_tf32: None) -> None:
 @pytest.mark.filterwarnings("ignore")  # Inductor/Triton internals may warn; not ours
 def test_compiled_and_captured_activation_matches_eager() -> None:
     """torch.compile traces the op, a CUDA graph captures the compiled call, replays track new inputs."""
-    act = _activation(24, 4)
+    act = random_activation(24, 4, "cuda")
     x = torch.randn(2, 24, 2000, device="cuda")
     compiled = torch.compile(lambda t: act(t) + 1.0, fullgraph=True)
     with torch.no_grad():
@@ -191,7 +177,7 @@ def test_packed_short_rows_give_the_same_bits(length: int, monkeypatch: pytest.M
     peak equal the one-row-per-program launch's, bit for bit."""
     from streamdec.kernels import _triton_alias_free as tk
 
-    act = _activation(96, length)
+    act = random_activation(96, length, "cuda")
     x = torch.randn(33 * 96, length, device="cuda") * 3
     results = []
     for pack in (False, True):
@@ -212,7 +198,7 @@ def test_window_reads_history_in_place_and_keeps_only_its_outputs(kept: int, len
     window keeps the whole row's 8-output lane blocks, and within the kernel's 1e-5 bound where it starts
     between them (each output is the same sum, but its place in a lane's block decides which products
     the compiler fuses into FMAs)."""
-    act = _activation(48, kept + length)
+    act = random_activation(48, kept + length, "cuda")
     head = torch.randn(64, 48, kept, device="cuda") * 2
     x = torch.randn(64, 48, length, device="cuda") * 2
     count = kept + length - start - 1

@@ -6,28 +6,19 @@ README quotes; scripts/bench_gpu.py times the same precisions.
 
 from __future__ import annotations
 
-import copy
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
 
-from streamdec.codecs import Codec, load_codec
+from streamdec.codecs import Codec
 from streamdec.codecs.precision import Precision
 from streamdec.engine.core import DecodeEngine
 from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
+from support.cuda_checks import float64_twin, snr_db
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def auk() -> Iterator[Codec]:
-    codec = load_codec("auk-24k", device="cuda", dtype=torch.float32)
-    yield codec
-    del codec
-    torch.cuda.empty_cache()
 
 
 def _latents(batch: int, frames: int, seed: int) -> torch.Tensor:
@@ -39,11 +30,6 @@ def _eager(codec: Codec, z: torch.Tensor) -> torch.Tensor:
         return static_forward(codec)(z)
 
 
-def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    noise = (out.double() - ref.double()).pow(2).sum().clamp_min(1e-300)
-    return float(10 * torch.log10(ref.double().pow(2).sum() / noise))
-
-
 def test_precisions_rank_by_accuracy(auk: Codec) -> None:
     """Against a float64 decode of the same weights, each precision at its documented floor.
 
@@ -53,8 +39,7 @@ def test_precisions_rank_by_accuracy(auk: Codec) -> None:
     lands between fp32 and tf32 (83 dB), see streamdec.codecs.precision.
     """
     z = _latents(2, 70, 1)
-    exact = copy.deepcopy(auk).double()
-    exact.refresh_cache()
+    exact = float64_twin(auk)
     truth = _eager(exact, z.double())
     del exact
     errors: dict[Precision, tuple[float, float]] = {}
@@ -64,7 +49,7 @@ def test_precisions_rank_by_accuracy(auk: Codec) -> None:
         auk.precision = precision
         triton_conv |= any(getattr(m, "packed_split", None) is not None for m in auk.modules())
         out = _eager(auk, z)
-        errors[precision] = (float((out.double() - truth).abs().max()), _snr_db(truth, out))
+        errors[precision] = (float((out.double() - truth).abs().max()), snr_db(truth, out))
         print(f"auk-24k 2x70 {precision:7s} vs float64: max abs {errors[precision][0]:.3g}, "
               f"SNR {errors[precision][1]:.1f} dB")  # fmt: skip
     auk.precision = "fp32"
@@ -105,7 +90,7 @@ async def test_split_graphs_match_eager(auk: Codec, split: Precision) -> None:
             if not compile:
                 assert torch.equal(out, eager)
             for name, ref in ((f"{split} eager", eager), ("fp32 eager", fp32)):
-                err, snr = float((out - ref).abs().max()), _snr_db(ref, out)
+                err, snr = float((out - ref).abs().max()), snr_db(ref, out)
                 print(f"auk-24k 1x70 {split} {graph.tier} vs {name}: max abs {err:.3g}, SNR {snr:.1f} dB")
                 assert err <= 1e-4 and snr >= 70.0
     auk.precision = "fp32"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,21 +11,9 @@ import streamdec
 from streamdec.codecs import Codec, load_codec
 from streamdec.engine import DecodeEngine
 from streamdec.engine.base import StepRequest
+from support.cuda_checks import float64_twin, snr_db
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def auk() -> Iterator[Codec]:
-    codec = load_codec("auk-24k", device="cuda", dtype=torch.float32)
-    yield codec
-    del codec
-    torch.cuda.empty_cache()
-
-
-def _snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    noise = (out.double() - ref.double()).pow(2).sum().clamp_min(1e-300)
-    return float(10 * torch.log10(ref.double().pow(2).sum() / noise))
 
 
 async def _stream(dec: streamdec.StreamDecoder, clip: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -44,8 +30,7 @@ def test_stateful_fp16x3_matches_whole_clip_and_float64(auk: Codec) -> None:
     >= 115 dB against a float64 decode of the same weights (auk-24k, 3 streams of 200 frames)."""
     gen = torch.Generator().manual_seed(3)
     clips = [torch.randn(200, 64, generator=gen) for _ in range(3)]
-    exact = copy.deepcopy(auk).double()
-    exact.refresh_cache()
+    exact = float64_twin(auk)
     truth = [exact.decode(c[None].double())[0].cpu() for c in clips]
     del exact
     torch.cuda.empty_cache()
@@ -62,7 +47,7 @@ def test_stateful_fp16x3_matches_whole_clip_and_float64(auk: Codec) -> None:
     outs = asyncio.run(run())
     for clip, out, exact_out in zip(clips, outs, truth, strict=True):
         whole = auk.decode(clip[None])[0].cpu()
-        vs_whole, vs_f64 = _snr_db(whole, out), _snr_db(exact_out, out)
+        vs_whole, vs_f64 = snr_db(whole, out), snr_db(exact_out, out)
         print(
             f"stateful fp16x3 auk-24k 200 frames: {vs_whole:.1f} dB vs whole fp16x3, {vs_f64:.1f} dB vs float64"
         )

@@ -8,8 +8,6 @@ differently (1e-4, the project's compiled tolerance).
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -18,17 +16,10 @@ from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.precision import Precision
 from streamdec.engine.core import DecodeEngine
 from streamdec.streaming import StreamDecoder
+from support.cuda_checks import random_chunks
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 FAMILIES = ["dac-tiny", "oobleck-tiny", "bigvgan-tiny"]
-
-
-def _chunks(clip: torch.Tensor, seed: int) -> Iterator[torch.Tensor]:
-    r, start = random.Random(seed), 0
-    while start < clip.shape[0]:
-        n = r.randint(1, 20)
-        yield clip[start : start + n]
-        start += n
 
 
 async def _streams(
@@ -38,7 +29,9 @@ async def _streams(
         await dec.warmup()
 
         async def one(i: int) -> torch.Tensor:
-            return torch.cat([t.samples async for t in dec.decode_tiles(_chunks(clips[i], i))], dim=-1)
+            return torch.cat(
+                [t.samples async for t in dec.decode_tiles(random_chunks(clips[i], i, 20))], dim=-1
+            )
 
         return list(await asyncio.gather(*(one(i) for i in range(len(clips)))))
 

@@ -11,12 +11,7 @@ import pytest
 from streamdec.clients import connect
 from streamdec.errors import ServerError, ShapeError
 from streamdec.protocol import encode_latents
-from support.server_support import running_server, tiny_codec
-
-
-@pytest.fixture(scope="module")
-def codec() -> Any:
-    return tiny_codec()
+from support.server_support import running_server
 
 
 def _nan_latents(frames: int = 12) -> np.ndarray:

@@ -18,15 +18,10 @@ import streamdec
 from streamdec.clients import connect
 from streamdec.server import ServerConfig, StreamServer
 from streamdec.server.devices import DecoderGroup
-from support.server_support import clip, http, offline, tiny_codec
+from support.server_support import clip, http, offline
 
 pytestmark = pytest.mark.timeout(180)
 SLOTS = 2
-
-
-@pytest.fixture(scope="module")
-def codec() -> Any:
-    return tiny_codec()
 
 
 @pytest.fixture

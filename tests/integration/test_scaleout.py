@@ -23,7 +23,7 @@ import torch
 
 from streamdec.clients import RetryPolicy, open_stream_retrying, retryable
 from streamdec.errors import ServerError
-from support.server_support import clip, http, offline, tiny_codec
+from support.server_support import clip, http, offline
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
@@ -190,11 +190,6 @@ class Listener:
                     tg.cancel_scope.cancel()
                     return
             self.status = stream.done["status"] if stream.done else None
-
-
-@pytest.fixture(scope="module")
-def codec() -> Any:
-    return tiny_codec()
 
 
 async def _open(tg: Any, cluster: Cluster, seed: int) -> Listener:

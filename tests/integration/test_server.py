@@ -25,15 +25,9 @@ from support.server_support import (
     running_server,
     send_latents,
     start,
-    tiny_codec,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def codec() -> Any:
-    return tiny_codec()
 
 
 async def run_stream(

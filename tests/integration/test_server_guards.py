@@ -32,21 +32,16 @@ from support.server_support import (
     running_server,
     send_latents,
     start,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def codec() -> Any:
-    """A codec fast enough on a CPU that streams run ahead of real time (dac-tiny)."""
-    return streamdec.load_codec("dac-tiny", device="cpu")
-
-
-async def wait_until(predicate: Any, timeout: float = 30.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
+def codec(fast_codec: Any) -> Any:
+    """Streams here must run ahead of real time on a CPU: the fast codec (dac-tiny)."""
+    return fast_codec
 
 
 async def closed_with(ws: Any) -> tuple[int | None, list[dict[str, Any]]]:

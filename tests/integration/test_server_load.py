@@ -15,7 +15,6 @@ import pytest
 import torch
 from websockets.exceptions import ConnectionClosed
 
-import streamdec
 from streamdec.engine.simulated import simulated_engine
 from streamdec.protocol import ErrorCode, decode_audio_samples, encode_latents, parse_audio
 from support.server_support import (
@@ -28,27 +27,10 @@ from support.server_support import (
     running_server,
     send_latents,
     start,
-    tiny_codec,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def codec() -> Any:
-    return tiny_codec()
-
-
-@pytest.fixture(scope="module")
-def fast_codec() -> Any:
-    """A codec ten times faster than "tiny" on a CPU: the timing tests need decoding faster than real time."""
-    return streamdec.load_codec("dac-tiny", device="cpu")
-
-
-async def wait_until(predicate: Any, timeout: float = 20.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
 
 
 def malformed(rng: random.Random) -> str | bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,13 @@ POISON = 1.0e4  # a latent value FailingEngine refuses to decode
 
 def tiny_codec() -> Any:
     return streamdec.load_codec("tiny", device="cpu")
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; a TimeoutError after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
 
 
 class FailingEngine(Engine):

@@ -1,6 +1,6 @@
 """CPU tests of the fused-kernel package: the polyphase oracle, the custom op's plumbing, dispatch rules.
 
-The Triton kernels themselves run in ``tests/test_kernels_cuda.py`` (GPU only).
+The Triton kernels themselves run in ``tests/gpu/test_kernels_cuda.py`` (GPU only).
 """
 
 from __future__ import annotations
@@ -19,16 +19,7 @@ from streamdec.codecs import load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels import fused_supported, polyphase_reference, set_fused
-
-
-def _activation(channels: int, seed: int) -> AliasFreeActivation:
-    gen = torch.Generator().manual_seed(seed)
-    act = AliasFreeActivation(channels)
-    with torch.no_grad():
-        act.act.alpha.copy_(torch.randn(channels, generator=gen) * 0.3)
-        act.act.beta.copy_(torch.randn(channels, generator=gen) * 0.3 + 1.0)
-    act.refresh_cache()
-    return act
+from support.activations import random_activation
 
 
 def _op_args(act: AliasFreeActivation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,7 +38,7 @@ def test_polyphase_oracle_equals_reference_layer(
     batch: int, channels: int, length: int, scale: float, seed: int
 ) -> None:
     """The kernels' polyphase index arithmetic (run here in PyTorch) equals the layer, edges included."""
-    act = _activation(channels, seed)
+    act = random_activation(channels, seed)
     x = torch.randn(batch, channels, length, generator=torch.Generator().manual_seed(seed + 1)) * scale
     with torch.no_grad():
         want = act(x)
@@ -56,7 +47,7 @@ def test_polyphase_oracle_equals_reference_layer(
 
 
 def test_custom_op_on_cpu_equals_layer() -> None:
-    act = _activation(5, 3)
+    act = random_activation(5, 3)
     x = torch.randn(2, 5, 37)
     out = torch.ops.streamdec.alias_free_activation(x, *_op_args(act))
     assert out.shape == x.shape and out.is_contiguous()
@@ -65,7 +56,7 @@ def test_custom_op_on_cpu_equals_layer() -> None:
 
 def test_peak_op_gives_the_activation_and_its_row_peaks() -> None:
     """The variant for a float16 split conv: same output, plus each batch row's max |y| as float32 bits."""
-    act = _activation(5, 4)
+    act = random_activation(5, 4)
     x = torch.randn(3, 5, 41) * torch.tensor([1e-3, 1.0, 1e3])[:, None, None]
     out, peak = torch.ops.streamdec.alias_free_activation_peak(x, *_op_args(act))
     assert torch.equal(out, torch.ops.streamdec.alias_free_activation(x, *_op_args(act)))
@@ -76,7 +67,7 @@ def test_peak_op_gives_the_activation_and_its_row_peaks() -> None:
 
 def test_custom_op_opcheck_cpu() -> None:
     """Schema, fake (meta) implementation and dispatcher registrations agree (torch.library.opcheck)."""
-    act = _activation(4, 5)
+    act = random_activation(4, 5)
     torch.library.opcheck(
         torch.ops.streamdec.alias_free_activation.default, (torch.randn(3, 4, 29), *_op_args(act))
     )
@@ -97,7 +88,7 @@ def test_fake_impl_traces_cuda_shapes_without_a_gpu() -> None:
 
 def test_compile_traces_the_op() -> None:
     """torch.compile (aot_eager backend: tracing only) keeps the op as one node and matches eager."""
-    act = _activation(3, 11)
+    act = random_activation(3, 11)
     filt, a, b = _op_args(act)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
@@ -113,13 +104,13 @@ def test_compile_traces_the_op() -> None:
     [((2, 3), ShapeError), ((1, 3, 0), ShapeError), ((1, 4, 8), ShapeError)],
 )
 def test_op_rejects_bad_shapes(shape: tuple[int, ...], error: type[Exception]) -> None:
-    act = _activation(3, 1)
+    act = random_activation(3, 1)
     with pytest.raises(error):
         torch.ops.streamdec.alias_free_activation(torch.randn(shape), *_op_args(act))
 
 
 def test_op_rejects_non_float32() -> None:
-    act = _activation(3, 1)
+    act = random_activation(3, 1)
     filt, a, b = _op_args(act)
     with pytest.raises(DTypeError):
         torch.ops.streamdec.alias_free_activation(torch.randn(1, 3, 8, dtype=torch.float64), filt, a, b)
@@ -184,7 +175,7 @@ def test_window_op_is_the_activation_of_history_and_input_cropped(
 ) -> None:
     """``alias_free_activation_window`` = the activation of ``cat(head, x)``, outputs ``start ..``; the
     layer's ``window`` gives the same where the op does not run; a bad window is a typed error."""
-    act = _activation(3, seed)
+    act = random_activation(3, seed)
     gen = torch.Generator().manual_seed(seed)
     head, x = torch.randn(2, 3, kept, generator=gen), torch.randn(2, 3, length, generator=gen)
     whole = act(torch.cat([head, x], -1))
@@ -200,7 +191,7 @@ def test_window_op_is_the_activation_of_history_and_input_cropped(
 
 
 def test_window_op_opcheck_cpu() -> None:
-    act = _activation(4, 6)
+    act = random_activation(4, 6)
     head, x = torch.randn(2, 4, 10), torch.randn(2, 4, 20)
     torch.library.opcheck(
         torch.ops.streamdec.alias_free_activation_window.default, (head, x, *_op_args(act), 8, 21)

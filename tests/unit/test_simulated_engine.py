@@ -11,7 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import streamdec
 from streamdec import StreamDecoder
 from streamdec.engine.base import Engine, WindowRequest
 from streamdec.engine.core import DecodeEngine
@@ -26,11 +25,6 @@ from streamdec.engine.simulated import (
 from streamdec.errors import ConfigError, EngineClosedError
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def codec() -> Any:
-    return streamdec.load_codec("tiny", device="cpu")
 
 
 @pytest.mark.parametrize(
