@@ -231,6 +231,7 @@ class Connection:
             server.limits,
             accepting_streams=not server.shutting_down,
             voice=server.voice_name,
+            opus=server.opus,
         )
         self.streams: dict[int, _Stream] = {}
         self.outbox = _Outbox(self.config.outbox)
@@ -412,7 +413,7 @@ class Connection:
             return
         stream = _Stream(msg.stream, self._intake_for(msg), msg.text)
         if msg.format == OPUS_FORMAT:
-            stream.opus = OpusEncoder(codec.sample_rate, codec.channels)
+            stream.opus = OpusEncoder(codec.sample_rate, codec.channels, self.config.opus_bitrate)
         self.streams[msg.stream] = stream
         self._control(self.state.started(msg.stream))
         assert self._tg is not None

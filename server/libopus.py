@@ -54,7 +54,12 @@ def _library() -> Any:
     except OSError:
         return None
     lib.opus_encoder_create.restype = ctypes.c_void_p
-    lib.opus_encoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.opus_encoder_create.argtypes = [
+        ctypes.c_int32,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int),
+    ]
     lib.opus_encoder_destroy.argtypes = [ctypes.c_void_p]
     lib.opus_encode_float.restype = ctypes.c_int32
     lib.opus_encode_float.argtypes = [

@@ -75,7 +75,9 @@ class OggOpusWriter:
     def pages(self, packets: list[bytes], granule: int, frame_48k: int, *, last: bool = False) -> bytes:
         """Pages holding ``packets`` of ``frame_48k`` samples each; ``granule``: 48 kHz samples decoded once
         all of them are (pre-skip included; on the ``last`` page, only the real samples)."""
-        out, batch, segments = [], [], 0
+        out: list[bytes] = []
+        batch: list[bytes] = []
+        segments = 0
         for done, packet in enumerate(packets):
             if len(packet) >= 255 * 255:
                 raise ConfigError(f"an Opus packet of {len(packet)} bytes does not fit an Ogg page here")

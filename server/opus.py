@@ -15,12 +15,21 @@ import numpy as np
 import torch
 
 from streamdec.errors import ConfigError
+from streamdec.protocol import CodecInfo, OpusInfo
 
 from .libopus import MAX_BITRATE, MIN_BITRATE, OPUS_RATES, LibopusEncoder, libopus_available
 from .ogg import OggOpusWriter
 from .resample import Resampler
 
-__all__ = ["DEFAULT_BITRATE", "OPUS_RATES", "OpusEncoder", "check_bitrate", "check_opus", "wire_rate"]
+__all__ = [
+    "DEFAULT_BITRATE",
+    "OPUS_RATES",
+    "OpusEncoder",
+    "check_bitrate",
+    "check_opus",
+    "opus_info",
+    "wire_rate",
+]
 
 #: bits per second; 7 kB/s of packets against 44.1 kB/s of pcm_s16le at 22.05 kHz (48 kB/s at 24 kHz)
 DEFAULT_BITRATE = 56000
@@ -42,6 +51,13 @@ def check_opus(sample_rate: int, channels: int) -> str | None:
     if channels != 1:
         return f"the Opus encoder here is mono; this codec has {channels} channels: ask for pcm_s16le"
     return None
+
+
+def opus_info(codec: CodecInfo, bitrate: int) -> OpusInfo | None:
+    """``ready.opus`` for a server of this codec: None where it cannot send Opus."""
+    if check_opus(codec.sample_rate, codec.channels) is not None:
+        return None
+    return OpusInfo(wire_rate(codec.sample_rate), bitrate)
 
 
 def check_bitrate(bitrate: int) -> None:

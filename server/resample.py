@@ -94,7 +94,8 @@ class Resampler:
         keep = (end * self.down) // self.up - self.reach  # the first input the next output needs
         if keep > self._x0:
             self._buf, self._x0 = self._buf[keep - self._x0 :], keep
-        return out.astype(np.float32)
+        result: np.ndarray = out.astype(np.float32)
+        return result
 
 
 def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
