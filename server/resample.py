@@ -19,6 +19,7 @@ split of the input into ``push`` calls gives the same output as one call (tests/
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -49,17 +50,8 @@ class Resampler:
         g = math.gcd(rate_in, rate_out)
         self.rate_in, self.rate_out = rate_in, rate_out
         self.up, self.down = rate_out // g, rate_in // g
-        cutoff = rolloff * min(rate_in, rate_out) / 2 / rate_in  # cycles per input sample
-        half = zero_crossings / (2 * cutoff)  # the kernel's half-length, in input samples
-        self.reach = math.ceil(half)  # R above: input samples needed after t
-        offsets = np.arange(-self.reach, self.reach + 2)  # taps x[b + o]
-        phases = np.arange(self.up)[:, None] / self.up
-        tau = phases - offsets[None, :]  # t - (b + o), in input samples
-        inside = np.abs(tau) < half
-        window = np.i0(beta * np.sqrt(np.clip(1 - (tau / half) ** 2, 0, 1))) / np.i0(beta)
-        kernel = np.where(inside, 2 * cutoff * np.sinc(2 * cutoff * tau) * window, 0.0)
-        self._taps = kernel / kernel.sum(axis=1, keepdims=True)  # [up, 2R + 2], float64
-        self._offsets = offsets
+        self._taps, self.reach = _phases(self.up, rate_in, rate_out, zero_crossings, beta, rolloff)
+        self._offsets = np.arange(-self.reach, self.reach + 2)  # taps x[b + o]
         self._buf = np.zeros(self.reach, np.float64)  # input from absolute index _x0 on
         self._x0 = -self.reach
         self._n_in = 0  # input samples received
@@ -96,6 +88,23 @@ class Resampler:
             self._buf, self._x0 = self._buf[keep - self._x0 :], keep
         result: np.ndarray = out.astype(np.float32)
         return result
+
+
+@functools.cache
+def _phases(
+    up: int, rate_in: int, rate_out: int, zero_crossings: int, beta: float, rolloff: float
+) -> tuple[np.ndarray, int]:
+    """The kernel's ``up`` phases ``[up, 2R + 2]`` (read-only, shared by every stream) and ``R``."""
+    cutoff = rolloff * min(rate_in, rate_out) / 2 / rate_in  # cycles per input sample
+    half = zero_crossings / (2 * cutoff)  # the kernel's half-length, in input samples
+    reach = math.ceil(half)  # R above: input samples needed after t
+    offsets = np.arange(-reach, reach + 2)
+    tau = np.arange(up)[:, None] / up - offsets[None, :]  # t - (b + o), in input samples
+    window = np.i0(beta * np.sqrt(np.clip(1 - (tau / half) ** 2, 0, 1))) / np.i0(beta)
+    kernel = np.where(np.abs(tau) < half, 2 * cutoff * np.sinc(2 * cutoff * tau) * window, 0.0)
+    taps = kernel / kernel.sum(axis=1, keepdims=True)  # unit DC gain in every phase
+    taps.setflags(write=False)
+    return taps, reach
 
 
 def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
