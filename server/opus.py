@@ -77,7 +77,7 @@ class OpusEncoder:
         if why is not None:
             raise ConfigError(why)
         check_bitrate(bitrate)
-        self.wire_rate = wire_rate(sample_rate)
+        self.sample_rate, self.wire_rate = sample_rate, wire_rate(sample_rate)
         self._resampler = Resampler(sample_rate, self.wire_rate) if self.wire_rate != sample_rate else None
         self._opus = LibopusEncoder(self.wire_rate, bitrate)
         self.frame = self._opus.frame

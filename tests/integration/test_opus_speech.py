@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from streamdec.clients import connect
 from streamdec.server.libopus import libopus_available
 from streamdec.voice import DEMO_TEXT
 from support.opus import lag, receive, snr_db
@@ -19,6 +20,8 @@ pytestmark = pytest.mark.skipif(
 async def test_speech_keeps_20_db_at_a_fifth_of_the_bytes() -> None:
     """The voice speaks DEMO_TEXT as pcm_s16le and as opus: same length, aligned, SNR >= 20 dB, bytes <= 1/5."""
     async with running_server(codec(), voice=voice()) as server:
+        async with connect(server.url) as conn:  # the voice's 22,050 Hz goes at Opus's 24 kHz
+            assert conn.ready["opus"] == {"sample_rate": 24000, "bitrate": 56000}
         pcm, pcm_bytes = await receive(server.url, "pcm_s16le", text=DEMO_TEXT)
         opus, opus_bytes = await receive(server.url, "opus", text=DEMO_TEXT)
     assert len(opus) == len(pcm) > 4 * 22050

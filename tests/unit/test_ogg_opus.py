@@ -118,3 +118,38 @@ def test_an_opus_stream_announces_pre_skip_and_its_real_length() -> None:
     assert len(packets) * 960 >= reader.granule  # the packets hold every real sample
     last_head = data.rfind(b"OggS")
     assert struct.unpack_from("<q", data, last_head + 6)[0] == reader.granule
+
+
+def _through(enc: OpusEncoder, audio: np.ndarray, tiles: list[int], payload_cuts: list[int]) -> np.ndarray:
+    """``audio`` encoded in ``tiles``, its bytes re-cut at ``payload_cuts``, decoded by the client."""
+    from streamdec.clients.opus import OpusStreamDecoder
+
+    data, at = [], 0
+    for n in [*tiles, len(audio)]:
+        data.append(enc.encode(torch.from_numpy(audio[at : at + n])[None]))
+        at = min(at + n, len(audio))
+    stream = b"".join(data) + enc.flush()
+    dec, out, at = OpusStreamDecoder(enc.sample_rate, enc.wire_rate), [], 0
+    for n in [*payload_cuts, len(stream)]:
+        out.append(dec.push(stream[at : at + n], len(audio) if at == 0 else 0))
+        at += n
+    out.append(dec.finish(len(audio)))
+    return np.concatenate(out)
+
+
+@needs_libopus
+@settings(max_examples=15, deadline=None)
+@given(
+    tiles=st.lists(st.integers(0, 3000), max_size=8),
+    payload_cuts=st.lists(st.integers(1, 400), max_size=10),
+)
+def test_the_decode_does_not_depend_on_tiles_or_message_cuts(
+    tiles: list[int], payload_cuts: list[int]
+) -> None:
+    """22,050 Hz audio in any tiles, its Ogg bytes in any pieces: the client decodes the same samples."""
+    audio = 0.3 * np.sin(np.arange(8000) * 0.05) + 0.05 * np.random.default_rng(1).standard_normal(8000)
+    audio = audio.astype(np.float32)
+    whole = _through(OpusEncoder(22050, 1, 32000), audio, [], [])
+    split = _through(OpusEncoder(22050, 1, 32000), audio, tiles, payload_cuts)
+    assert len(split) == len(whole) == len(audio)
+    np.testing.assert_array_equal(split, whole)
