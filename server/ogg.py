@@ -66,29 +66,34 @@ class OggOpusWriter:
     input_rate: int
     serial: int = 1
     _sequence: int = 0
+    _packets: int = 0  # audio packets written so far
 
     def headers(self) -> bytes:
         """The ``OpusHead`` page (beginning of stream) and the ``OpusTags`` page."""
         head = self._page([opus_head(self.pre_skip_48k, self.input_rate)], 0, _BOS)
         return head + self._page([_opus_tags()], 0, 0)
 
-    def pages(self, packets: list[bytes], granule: int, frame_48k: int, *, last: bool = False) -> bytes:
-        """Pages holding ``packets`` of ``frame_48k`` samples each; ``granule``: 48 kHz samples decoded once
-        all of them are (pre-skip included; on the ``last`` page, only the real samples)."""
+    def pages(self, packets: list[bytes], frame_48k: int, *, final_granule: int | None = None) -> bytes:
+        """Pages holding ``packets`` of ``frame_48k`` samples each. A page's granule counts the 48 kHz
+        samples decoded once its last packet is (pre-skip included); with ``final_granule`` the last page
+        ends the stream and carries that instead: pre-skip plus the real samples only."""
         out: list[bytes] = []
         batch: list[bytes] = []
         segments = 0
-        for done, packet in enumerate(packets):
+        for packet in packets:
             if len(packet) >= 255 * 255:
                 raise ConfigError(f"an Opus packet of {len(packet)} bytes does not fit an Ogg page here")
             lacing = len(packet) // 255 + 1
             if segments + lacing > 255:  # a page holds at most 255 lacing values: start another
-                out.append(self._page(batch, granule - (len(packets) - done) * frame_48k, 0))
+                out.append(self._page(batch, self._packets * frame_48k, 0))
                 batch, segments = [], 0
             batch.append(packet)
+            self._packets += 1
             segments += lacing
-        if batch or last:
-            out.append(self._page(batch, granule, _EOS if last else 0))
+        if final_granule is not None:
+            out.append(self._page(batch, final_granule, _EOS))
+        elif batch:
+            out.append(self._page(batch, self._packets * frame_48k, 0))
         return b"".join(out)
 
     def _page(self, packets: list[bytes], granule: int, flags: int) -> bytes:

@@ -82,10 +82,11 @@ class OpusEncoder:
         self._opus = LibopusEncoder(self.wire_rate, bitrate)
         self.frame = self._opus.frame
         self._scale = _OPUS_CLOCK // self.wire_rate
+        self._frame_48k = self.frame * self._scale
         self._ogg = OggOpusWriter(self._opus.lookahead * self._scale, sample_rate)
         self._pending = np.zeros(0, np.float32)
         self._taken = 0  # codec samples taken
-        self._packets = 0
+        self._encoded = 0  # wire samples handed to libopus (whole frames)
         self._headers: bytes | None = self._ogg.headers()
 
     @property
@@ -102,27 +103,22 @@ class OpusEncoder:
         whole = len(self._pending) // self.frame * self.frame
         packets = [self._opus.encode(self._pending[i : i + self.frame]) for i in range(0, whole, self.frame)]
         self._pending = self._pending[whole:]
-        return self._take_headers() + self._pages(packets)
+        self._encoded += whole
+        return self._take_headers() + self._ogg.pages(packets, self._frame_48k)
 
     def flush(self) -> bytes:
         """The rest, padded with zeros to whole frames and past the encoder's look-ahead; the last page."""
         rest = np.zeros(0, np.float32) if self._resampler is None else self._resampler.flush()
         tail = np.concatenate([self._pending, rest])
         real = self._taken if self._resampler is None else self._resampler.output_length(self._taken)
-        needed = -(-(real + self.lookahead) // self.frame)  # packets holding every real sample
-        tail = np.concatenate([tail, np.zeros((needed - self._packets) * self.frame - len(tail), np.float32)])
+        # zeros up to whole frames that hold every real sample and the look-ahead after it
+        end = -(-(real + self.lookahead) // self.frame) * self.frame
+        tail = np.concatenate([tail, np.zeros(end - self._encoded - len(tail), np.float32)])
         packets = [self._opus.encode(tail[i : i + self.frame]) for i in range(0, len(tail), self.frame)]
         self._pending = np.zeros(0, np.float32)
-        self._packets += len(packets)
-        granule = (real + self.lookahead) * self._scale
-        return self._take_headers() + self._ogg.pages(packets, granule, self.frame * self._scale, last=True)
-
-    def _pages(self, packets: list[bytes]) -> bytes:
-        if not packets:
-            return b""
-        self._packets += len(packets)
-        frame_48k = self.frame * self._scale
-        return self._ogg.pages(packets, self._packets * frame_48k, frame_48k)
+        self._encoded = end
+        final = (real + self.lookahead) * self._scale
+        return self._take_headers() + self._ogg.pages(packets, self._frame_48k, final_granule=final)
 
     def _take_headers(self) -> bytes:
         headers, self._headers = self._headers or b"", None

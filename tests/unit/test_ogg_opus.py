@@ -26,7 +26,8 @@ def _stream(packets: list[bytes], per_page: int) -> bytes:
     out = [writer.headers()]
     for i in range(0, len(packets), per_page):
         batch = packets[i : i + per_page]
-        out.append(writer.pages(batch, (i + len(batch)) * 960, 960, last=i + per_page >= len(packets)))
+        last = i + per_page >= len(packets)
+        out.append(writer.pages(batch, 960, final_granule=len(packets) * 960 - 100 if last else None))
     return b"".join(out)
 
 
@@ -45,14 +46,16 @@ def test_packets_read_back_as_written_for_any_split(sizes: list[int], per_page: 
         at += n
     assert got == packets
     assert (reader.pre_skip_48k, reader.input_rate, reader.eos) == (312, 24000, True)
-    assert reader.granule == len(packets) * 960
+    assert reader.granule == len(packets) * 960 - 100  # the last page's: the real samples only
 
 
 def test_a_page_holds_at_most_255_lacing_values() -> None:
-    """300 packets in one call make two pages, each within Ogg's 255 segments."""
-    data = _stream([b"x" * 10] * 300, per_page=300)
+    """300 packets in one call make two pages, each within Ogg's 255 segments, each with its own granule."""
+    writer = OggOpusWriter(pre_skip_48k=312, input_rate=24000)
+    data = writer.headers() + writer.pages([b"x" * 10] * 300, 960)
     reader = OggOpusReader()
-    assert len(reader.push(data)) == 300
+    assert len(reader.push(data[: data.rfind(b"OggS")])) == 255 and reader.granule == 255 * 960
+    assert len(reader.push(data[data.rfind(b"OggS") :])) == 45 and reader.granule == 300 * 960
     assert data.count(b"OggS") == 4  # OpusHead, OpusTags, two audio pages
 
 
