@@ -27,7 +27,7 @@ from streamdec import settings
 from streamdec.cli import check_latent_shape, load_latent_file
 from streamdec.cli_errors import UsageError, check_output_path, leaves
 from streamdec.errors import ServerError
-from streamdec.protocol import LATENT_DTYPES, SAMPLE_FORMATS, STREAM_PATH
+from streamdec.protocol import AUDIO_FORMATS, LATENT_DTYPES, OPUS_FORMAT, STREAM_PATH
 
 from .client import ClientStream, connect
 from .wav import write_wav
@@ -57,7 +57,8 @@ def configure_stream(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=list(LATENT_DTYPES), default="float32", help="latent dtype on the wire"
     )
-    parser.add_argument("--format", choices=list(SAMPLE_FORMATS), default="pcm_s16le", help="audio format")
+    parser.add_argument("--format", choices=list(AUDIO_FORMATS), default="pcm_s16le",
+                        help="audio format on the wire; opus is decoded here and written as 32-bit float WAV")  # fmt: skip
     parser.add_argument("--prebuffer-ms", type=float, default=100.0, help="the simulated listener starts "
                         "playing this long after the first audio (100, as StreamDecoder assumes)")  # fmt: skip
 
@@ -127,8 +128,9 @@ async def _main(args: argparse.Namespace, latents: torch.Tensor) -> StreamResult
     result = await stream_file(args.url, latents, chunk=args.chunk, realtime=args.realtime, token=args.token,
                                dtype=args.dtype, fmt=args.format, prebuffer=args.prebuffer_ms / 1000,
                                source=str(args.input))  # fmt: skip
+    wav_format = "pcm_f32le" if args.format == OPUS_FORMAT else args.format  # Opus: the decoded floats
     write_wav(
-        args.output, result.pcm, channels=result.channels, sample_rate=result.sample_rate, fmt=args.format
+        args.output, result.pcm, channels=result.channels, sample_rate=result.sample_rate, fmt=wav_format
     )
     print(
         f"wrote {args.output} ({result.audio_seconds:.2f} s, {result.channels} ch, {result.sample_rate} Hz)"
@@ -162,7 +164,7 @@ class Playback:
 
 @dataclass
 class StreamResult:
-    pcm: bytes
+    pcm: bytes  # in the wire's PCM format; for opus, the decoded float32 samples
     channels: int
     sample_rate: int
     frames: int
@@ -170,6 +172,7 @@ class StreamResult:
     first_audio_at: float
     done_at: float
     playback: Playback
+    wire_bytes: int = 0  # audio payload bytes received
 
     @property
     def audio_seconds(self) -> float:
@@ -194,6 +197,8 @@ class StreamResult:
                 if realtime
                 else " (below 1 is faster than real time)"
             )
+            + f"\naudio on the wire {self.wire_bytes / max(self.audio_seconds, 1e-9) / 1000:.1f} kB/s "
+            f"({self.wire_bytes} bytes of payload)"
             + f"\nunderruns {self.playback.underruns}: times a listener that starts playing "
             f"{1000 * self.playback.prebuffer:.0f} ms after the first audio would have run dry (0 is the goal; "
             f"worst shortfall {1000 * self.playback.worst_deficit:.1f} ms)"
@@ -225,6 +230,7 @@ async def stream_file(
         stream = await conn.open_stream(dtype=dtype, format=fmt)
         playback = Playback(codec.sample_rate, prebuffer)
         pcm: list[bytes] = []
+        wire_bytes = 0
         sent_at = time.monotonic()
         failure: ServerError | None = None
         async with anyio.create_task_group() as tg:
@@ -234,7 +240,8 @@ async def stream_file(
             try:
                 async for frame in stream:
                     playback.on_audio(time.monotonic(), frame.n_samples)
-                    pcm.append(frame.pcm)
+                    wire_bytes += len(frame.pcm)
+                    pcm.append(frame.samples.T.astype("<f4").tobytes() if fmt == OPUS_FORMAT else frame.pcm)
             except ServerError as exc:  # raised out here, not wrapped in the task group's ExceptionGroup
                 failure = exc
                 tg.cancel_scope.cancel()
@@ -243,7 +250,7 @@ async def stream_file(
         done_at = time.monotonic()
         first = playback.started_at if playback.started_at is not None else done_at
         return StreamResult(b"".join(pcm), codec.channels, codec.sample_rate, int(latents.shape[0]), sent_at,
-                            first, done_at, playback)  # fmt: skip
+                            first, done_at, playback, wire_bytes)  # fmt: skip
 
 
 async def _send_all(stream: ClientStream, latents: torch.Tensor, chunk: int, frame_rate: float) -> None:

@@ -41,10 +41,11 @@ from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatu
 
 from streamdec.errors import ConfigError, ServerError, ShapeError
 from streamdec.protocol import (
+    AUDIO_FORMATS,
     DEFAULT_DTYPE,
     DEFAULT_FORMAT,
     LATENT_DTYPES,
-    SAMPLE_FORMATS,
+    OPUS_FORMAT,
     STREAM_ENDING_CODES,
     AudioMessage,
     Cancel,
@@ -64,6 +65,8 @@ from streamdec.protocol import (
     parse_server_text,
 )
 
+from .opus import OpusStreamDecoder
+
 __all__ = [
     "AudioFrame",
     "ClientStream",
@@ -81,7 +84,13 @@ _ENDING_CODES = frozenset(code.value for code in STREAM_ENDING_CODES)
 
 @dataclass(frozen=True, eq=False)
 class AudioFrame:
-    """One audio message: ``pcm`` is the raw interleaved payload, ``samples`` float32 ``[channels, n]``."""
+    """One audio message: ``pcm`` is the raw interleaved payload, ``samples`` float32 ``[channels, n]``.
+
+    In ``opus`` ``pcm`` is the message's share of the Ogg Opus stream and ``samples`` the decoded audio it
+    released, at the codec's rate; ``start_sample`` and ``n_samples`` describe those samples (the decoder
+    holds a little back, so they lag the header's). The last frame of a completed Opus stream carries
+    what the end released (``seq`` one past the last message's, ``pcm`` empty).
+    """
 
     stream: int
     seq: int
@@ -100,6 +109,7 @@ class ClientStream:
 
     def __init__(self, conn: Connection, stream: int, dtype: str, fmt: str) -> None:
         self.conn, self.id, self.dtype, self.format = conn, stream, dtype, fmt
+        self._opus = _opus_decoder(conn.ready_message) if fmt == OPUS_FORMAT else None
         # Unbounded: what waits here is the audio of latents this client chose to send (see send()).
         self._in, self._out = anyio.create_memory_object_stream[AudioMessage | Done](math.inf)
         self._seq = 0
@@ -171,14 +181,16 @@ class ClientStream:
         return self._frames()
 
     async def _frames(self) -> AsyncIterator[AudioFrame]:
-        channels = self.conn.codec.channels
+        decoded, seq = 0, 0  # Opus: decoded samples released so far; the next frame's seq
         async for item in self._out:
             if isinstance(item, Done):
                 self.done_message = item
                 if item.status == "error":
                     raise self._cause()
+                if self._opus is not None and item.status == "completed":
+                    rest = self._opus.finish(item.samples)[None]
+                    yield AudioFrame(self.id, seq, decoded, rest.shape[1], b"", rest)
                 return
-            samples = decode_audio_samples(item, self.format, channels)
             if item.start_sample != self._expected_sample:
                 raise ServerError(
                     "internal",
@@ -186,8 +198,30 @@ class ClientStream:
                     stream=self.id,
                 )
             self._expected_sample += item.n_samples
-            yield AudioFrame(item.stream, item.seq, item.start_sample, item.n_samples, item.pcm, samples)
+            seq = item.seq + 1
+            if self._opus is None:
+                samples = decode_audio_samples(item, self.format, self.conn.codec.channels)
+                yield AudioFrame(item.stream, item.seq, item.start_sample, item.n_samples, item.pcm, samples)
+            else:
+                released = self._opus.push(item.pcm, item.n_samples)[None]
+                yield AudioFrame(item.stream, item.seq, decoded, released.shape[1], item.pcm, released)
+                decoded += released.shape[1]
         raise self.conn.closed_error(self.id)
+
+
+def _opus_decoder(ready: Ready) -> OpusStreamDecoder:
+    """The decoder of an ``opus`` stream; raises ConfigError where the server does not send Opus."""
+    _check_opus(ready)
+    assert ready.opus is not None
+    return OpusStreamDecoder(ready.codec.sample_rate, ready.opus.sample_rate)
+
+
+def _check_opus(ready: Ready) -> None:
+    if ready.opus is None:
+        raise ConfigError(
+            "this server does not send Opus (its ready has no 'opus': a server before protocol 1.2, one "
+            "without libopus, or a codec of several channels): ask for pcm_s16le or pcm_f32le"
+        )
 
 
 class Connection:
@@ -226,11 +260,13 @@ class Connection:
         With ``text`` the server's voice speaks it (``ready_message.voice`` names the voice): send no
         latents and no ``end``, just iterate the audio. A server without a voice refuses with ``no_voice``.
         """
-        if dtype not in LATENT_DTYPES or format not in SAMPLE_FORMATS:
+        if dtype not in LATENT_DTYPES or format not in AUDIO_FORMATS:
             raise ValueError(
                 f"dtype {dtype!r} / format {format!r}: pick from {list(LATENT_DTYPES)} / "
-                f"{list(SAMPLE_FORMATS)}"
+                f"{list(AUDIO_FORMATS)}"
             )
+        if format == OPUS_FORMAT:
+            _check_opus(self.ready_message)  # refuse before the start: the stream could not be played
         if text is not None and self.ready_message.minor < 1:
             # A v1.0 server would ignore the text and wait for latents forever.
             raise ServerError(

@@ -42,6 +42,7 @@ from .connection import Connection
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
+from .opus import opus_info
 from .probe import CapacityReport, measure_capacity, probe_margin
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class StreamServer:
         self.codec = CodecInfo.from_codec(decoder.codec)
         self.voice = voice
         self.voice_name = None if voice is None else _check_voice(voice, self.codec)
+        self.opus = opus_info(self.codec, self.config.opus_bitrate)
         self.limits = self.config.limits.resolved(self.codec.latent_dim)
         self.metrics = ServerMetrics()
         self.admission = AdmissionController(

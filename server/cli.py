@@ -56,6 +56,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                         help="seconds in-flight streams get to finish on shutdown before 1001")  # fmt: skip
     parser.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
                         help="seconds a listener may read nothing before it is closed with 1013")  # fmt: skip
+    parser.add_argument("--opus-bitrate", type=int, default=defaults.opus_bitrate, metavar="BITS_PER_SECOND",
+                        help=f"bit rate of format opus ({defaults.opus_bitrate}: at most a fifth of pcm_s16le's "
+                             "bytes for codecs of 22.05 kHz and up)")  # fmt: skip
     parser.add_argument("--mode", choices=["stateful", "halo"], default=None,
                         help="stateful: each frame decoded once, per-stream layer state in device slots (default "
                              "where the codec supports it); halo: overlapping windows that recompute context")  # fmt: skip
@@ -102,6 +105,7 @@ def run_serve(args: argparse.Namespace) -> int:
         public_healthz=args.public_healthz,
         grace=args.grace,
         send_timeout=args.send_timeout,
+        opus_bitrate=args.opus_bitrate,
     )
     anyio.run(_serve, args, config)
     return 0

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from streamdec.errors import ConfigError
 from streamdec.protocol import Limits
 
+from .opus import DEFAULT_BITRATE, check_bitrate
+
 __all__ = ["ServerConfig"]
 
 
@@ -48,6 +50,7 @@ class ServerConfig:
     # still carries 8 f32 streams over a 100 ms round trip.
     send_buffer: int | None = 64 * 1024
     text_chunk_frames: int = 8  # with a voice: latent frames per chunk it hands a text stream (as `say`)
+    opus_bitrate: int = DEFAULT_BITRATE  # bits per second of format "opus" (constant bit rate, mono)
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_connections_per_client", "max_handshakes", "error_budget",
@@ -67,6 +70,7 @@ class ServerConfig:
             )
         if self.send_buffer is not None and self.send_buffer < 1:
             raise ConfigError(f"send_buffer={self.send_buffer} must be >= 1 byte, or None for the OS default")
+        check_bitrate(self.opus_bitrate)
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port={self.port} is not in [0, 65535]; 0 picks a free port")
         for origin in self.allow_origins:

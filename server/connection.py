@@ -231,6 +231,7 @@ class Connection:
             server.limits,
             accepting_streams=not server.shutting_down,
             voice=server.voice_name,
+            opus=server.opus,
         )
         self.streams: dict[int, _Stream] = {}
         self.outbox = _Outbox(self.config.outbox)
@@ -412,7 +413,7 @@ class Connection:
             return
         stream = _Stream(msg.stream, self._intake_for(msg), msg.text)
         if msg.format == OPUS_FORMAT:
-            stream.opus = OpusEncoder(codec.sample_rate, codec.channels)
+            stream.opus = OpusEncoder(codec.sample_rate, codec.channels, self.config.opus_bitrate)
         self.streams[msg.stream] = stream
         self._control(self.state.started(msg.stream))
         assert self._tg is not None
@@ -484,7 +485,8 @@ class Connection:
                         await self._send_audio(stream, tile.samples)
                 if stream.opus is not None and stream.stop_status is None:
                     # the padded last frame; n_samples 0: the headers already counted every real sample
-                    await self.outbox.put_audio(self.state.encoded_audio(stream.id, 0, stream.opus.flush()))
+                    tail = await anyio.to_thread.run_sync(stream.opus.flush)
+                    await self.outbox.put_audio(self.state.encoded_audio(stream.id, 0, tail))
             except Exception as exc:  # bad input or engine failure: this stream only
                 failure = exc
                 self.state.close_input(stream.id)
@@ -505,7 +507,9 @@ class Connection:
         stream.audio_sent = True
         self.server.metrics.audio_samples += int(samples.shape[1])
         if stream.opus is not None:
-            payload = stream.opus.encode(samples)
+            # in a worker thread: encoding takes about 2 % of the audio's duration, which the event loop
+            # (keepalive, cancel, every other stream) would otherwise wait through, per stream
+            payload = await anyio.to_thread.run_sync(stream.opus.encode, samples)
             await self.outbox.put_audio(self.state.encoded_audio(stream.id, int(samples.shape[1]), payload))
         else:
             await self.outbox.put_audio(self.state.audio(stream.id, samples))

@@ -1,127 +1,125 @@
 """Opus on the wire (``format: "opus"``): one Ogg Opus stream (RFC 7845) per wire stream.
 
-The encoder is ``sphn`` (Kyutai's bindings to libopus and an Ogg writer; the ``opus`` extra). It takes
-whole 20 ms frames, so samples wait here until a frame is full; at the end of a completed stream the last
-frame is padded with zeros. The stream sphn writes announces a pre-skip that is not libopus's real
-encoder delay, so the identification header is corrected (and its page checksum recomputed) on the way
-out: a decoder that honours the header then lines the audio up with the PCM decode sample for sample.
+The encoder is the system's libopus (:mod:`.libopus`), mono, constant bit rate (``--opus-bitrate``, default
+56 kbit/s: at most a fifth of ``pcm_s16le``'s bytes for codecs of 22.05 kHz and up). Opus takes 8, 12, 16,
+24 or 48 kHz: a codec at another rate is resampled (:mod:`.resample`, band-limited) to the next rate up,
+the *wire rate* ``ready.opus.sample_rate`` announces. Samples wait here until a 20 ms frame is full; each
+call makes one Ogg page of the frames it completed (:mod:`.ogg`). At the end of a completed stream the
+last frame is padded with zeros, plus what the encoder's look-ahead needs to release the last real
+samples; the last page's granule position counts only the real ones.
 """
 
 from __future__ import annotations
-
-import struct
-from typing import Any
 
 import numpy as np
 import torch
 
 from streamdec.errors import ConfigError
+from streamdec.protocol import CodecInfo, OpusInfo
 
-__all__ = ["OPUS_RATES", "OpusEncoder", "opus_available"]
+from .libopus import MAX_BITRATE, MIN_BITRATE, OPUS_RATES, LibopusEncoder, libopus_available
+from .ogg import OggOpusWriter
+from .resample import Resampler
 
-#: the sample rates libopus encodes natively
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
-#: libopus's encoder delay in samples at 48 kHz (2.5 ms look-ahead + 4 ms delay compensation)
-ENCODER_DELAY_48K = 312
-_FRAMES_PER_SECOND = 50  # 20 ms frames: the usual size for speech, and what sphn is tested with
+__all__ = [
+    "DEFAULT_BITRATE",
+    "OPUS_RATES",
+    "OpusEncoder",
+    "check_bitrate",
+    "check_opus",
+    "opus_info",
+    "wire_rate",
+]
+
+#: bits per second; 7 kB/s of packets against 44.1 kB/s of pcm_s16le at 22.05 kHz (48 kB/s at 24 kHz)
+DEFAULT_BITRATE = 56000
+_OPUS_CLOCK = 48000  # Ogg Opus counts pre-skip and granule positions at 48 kHz whatever the input rate
 
 
-def opus_available() -> bool:
-    try:
-        import sphn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def wire_rate(sample_rate: int) -> int:
+    """The rate Opus encodes a codec of ``sample_rate`` at: the lowest Opus rate not below it (else 48 kHz)."""
+    return next((rate for rate in OPUS_RATES if rate >= sample_rate), OPUS_RATES[-1])
 
 
 def check_opus(sample_rate: int, channels: int) -> str | None:
     """None when this server can send Opus for a codec of this geometry; else why not, with the fix."""
-    if not opus_available():
-        return "this server cannot encode Opus: install the `opus` extra (sphn), or ask for pcm_s16le"
-    if sample_rate not in OPUS_RATES:
-        return (f"Opus takes sample rates {list(OPUS_RATES)}; this codec's is {sample_rate} Hz: "
-                "ask for pcm_s16le")  # fmt: skip
+    if not libopus_available():
+        return (
+            "this server cannot encode Opus: install the system's libopus (Debian/Ubuntu: apt-get install "
+            "libopus0), or ask for pcm_s16le"
+        )
     if channels != 1:
         return f"the Opus encoder here is mono; this codec has {channels} channels: ask for pcm_s16le"
     return None
 
 
-class OpusEncoder:
-    """One stream's encoder: float samples ``[1, n]`` in, Ogg Opus bytes out (possibly none yet)."""
+def opus_info(codec: CodecInfo, bitrate: int) -> OpusInfo | None:
+    """``ready.opus`` for a server of this codec: None where it cannot send Opus."""
+    if check_opus(codec.sample_rate, codec.channels) is not None:
+        return None
+    return OpusInfo(wire_rate(codec.sample_rate), bitrate)
 
-    def __init__(self, sample_rate: int, channels: int = 1) -> None:
+
+def check_bitrate(bitrate: int) -> None:
+    """Raise ConfigError for a bit rate libopus would not honour."""
+    if not MIN_BITRATE <= bitrate <= MAX_BITRATE:
+        raise ConfigError(
+            f"opus_bitrate={bitrate} b/s is outside libopus's range [{MIN_BITRATE}, {MAX_BITRATE}]; "
+            f"the default is {DEFAULT_BITRATE}"
+        )
+
+
+class OpusEncoder:
+    """One stream's encoder: float samples ``[1, n]`` at the codec's rate in, Ogg Opus bytes out."""
+
+    def __init__(self, sample_rate: int, channels: int = 1, bitrate: int = DEFAULT_BITRATE) -> None:
         why = check_opus(sample_rate, channels)
         if why is not None:
             raise ConfigError(why)
-        import sphn
-
-        self._writer: Any = sphn.OpusStreamWriter(sample_rate)
-        self.frame = sample_rate // _FRAMES_PER_SECOND
+        check_bitrate(bitrate)
+        self.sample_rate, self.wire_rate = sample_rate, wire_rate(sample_rate)
+        self._resampler = Resampler(sample_rate, self.wire_rate) if self.wire_rate != sample_rate else None
+        self._opus = LibopusEncoder(self.wire_rate, bitrate)
+        self.frame = self._opus.frame
+        self._scale = _OPUS_CLOCK // self.wire_rate
+        self._frame_48k = self.frame * self._scale
+        self._ogg = OggOpusWriter(self._opus.lookahead * self._scale, sample_rate)
         self._pending = np.zeros(0, np.float32)
-        self._first = True
+        self._taken = 0  # codec samples taken
+        self._encoded = 0  # wire samples handed to libopus (whole frames)
+        self._headers: bytes | None = self._ogg.headers()
+
+    @property
+    def lookahead(self) -> int:
+        """libopus's encoder delay in wire-rate samples: the ``pre_skip`` a decoder drops."""
+        return int(self._opus.lookahead)
 
     def encode(self, samples: torch.Tensor) -> bytes:
-        """Encode every whole frame that ``samples`` ([1, n] float) completes."""
-        mono = samples.detach().to("cpu", torch.float32)[0].numpy()
-        self._pending = np.concatenate([self._pending, np.clip(mono, -1.0, 1.0)])
+        """Encode every whole frame that ``samples`` ([1, n] float) completes; one page, or nothing."""
+        mono = np.clip(samples.detach().to("cpu", torch.float32)[0].numpy(), -1.0, 1.0)
+        self._taken += len(mono)
+        wire = mono if self._resampler is None else self._resampler.push(mono)
+        self._pending = np.concatenate([self._pending, wire])
         whole = len(self._pending) // self.frame * self.frame
-        out = [self._frame(self._pending[i : i + self.frame]) for i in range(0, whole, self.frame)]
+        packets = [self._opus.encode(self._pending[i : i + self.frame]) for i in range(0, whole, self.frame)]
         self._pending = self._pending[whole:]
-        return b"".join(out)
+        self._encoded += whole
+        return self._take_headers() + self._ogg.pages(packets, self._frame_48k)
 
     def flush(self) -> bytes:
-        """The last partial frame, padded with zeros (the stream's headers say how many samples are real),
-        and one frame of silence more, so that the encoder delay releases the last real samples."""
-        pad = np.zeros(self.frame - len(self._pending) % self.frame, np.float32)
-        tail = np.concatenate([self._pending, pad, np.zeros(self.frame, np.float32)])
+        """The rest, padded with zeros to whole frames and past the encoder's look-ahead; the last page."""
+        rest = np.zeros(0, np.float32) if self._resampler is None else self._resampler.flush()
+        tail = np.concatenate([self._pending, rest])
+        real = self._taken if self._resampler is None else self._resampler.output_length(self._taken)
+        # zeros up to whole frames that hold every real sample and the look-ahead after it
+        end = -(-(real + self.lookahead) // self.frame) * self.frame
+        tail = np.concatenate([tail, np.zeros(end - self._encoded - len(tail), np.float32)])
+        packets = [self._opus.encode(tail[i : i + self.frame]) for i in range(0, len(tail), self.frame)]
         self._pending = np.zeros(0, np.float32)
-        return b"".join(self._frame(tail[i : i + self.frame]) for i in range(0, len(tail), self.frame))
+        self._encoded = end
+        final = (real + self.lookahead) * self._scale
+        return self._take_headers() + self._ogg.pages(packets, self._frame_48k, final_granule=final)
 
-    def _frame(self, pcm: np.ndarray) -> bytes:
-        data: bytes = self._writer.append_pcm(np.ascontiguousarray(pcm, np.float32))
-        if self._first and data:
-            self._first = False
-            data = _with_pre_skip(data, ENCODER_DELAY_48K)
-        return data
-
-
-# -- Ogg page surgery -------------------------------------------------------------------------------
-# Page header (RFC 3533): "OggS", version, flags, granule (8), serial (4), sequence (4), CRC (4),
-# segment count, lacing values; the CRC covers the whole page with its own field zeroed.
-_CRC_AT, _SEGMENTS_AT, _HEADER = 22, 26, 27
-
-
-def _crc_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte << 24
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x04C11DB7) if crc & 0x80000000 else crc << 1
-        table.append(crc & 0xFFFFFFFF)
-    return table
-
-
-_TABLE = _crc_table()
-
-
-def ogg_crc(page: bytes) -> int:
-    crc = 0
-    for byte in page:
-        crc = ((crc << 8) & 0xFFFFFFFF) ^ _TABLE[((crc >> 24) & 0xFF) ^ byte]
-    return crc
-
-
-def _with_pre_skip(data: bytes, pre_skip: int) -> bytes:
-    """``data`` starts with the OpusHead page: set its pre-skip (bytes 10-11 of the packet), re-checksum."""
-    if data[:4] != b"OggS":
-        raise ConfigError("the Opus encoder's first bytes are not an Ogg page")
-    segments = data[_SEGMENTS_AT]
-    body = _HEADER + segments
-    size = body + sum(data[_HEADER:body])
-    page = bytearray(data[:size])
-    if page[body : body + 8] != b"OpusHead":
-        raise ConfigError("the Opus encoder's first page is not OpusHead")
-    struct.pack_into("<H", page, body + 10, pre_skip)
-    struct.pack_into("<I", page, _CRC_AT, 0)
-    struct.pack_into("<I", page, _CRC_AT, ogg_crc(bytes(page)))
-    return bytes(page) + data[size:]
+    def _take_headers(self) -> bytes:
+        headers, self._headers = self._headers or b"", None
+        return headers

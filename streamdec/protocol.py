@@ -70,6 +70,7 @@ __all__ = [
     "ErrorMessage",
     "LatentMessage",
     "Limits",
+    "OpusInfo",
     "Ready",
     "ServerControl",
     "ServerState",
@@ -88,8 +89,9 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 #: Minor versions only add fields and codes that a v1.0 peer ignores. 1: a ``start`` may carry ``text``
-#: (``ready.voice`` says whether the server speaks it), codes ``no_voice`` and ``bad_text``.
-PROTOCOL_MINOR = 1
+#: (``ready.voice`` says whether the server speaks it), codes ``no_voice`` and ``bad_text``. 2: ``ready.opus``
+#: (the wire rate and bit rate of ``format: "opus"``, or null where the server cannot send it).
+PROTOCOL_MINOR = 2
 STREAM_PATH = "/v1/stream"
 LATENT_MAGIC = b"SDLT"
 AUDIO_MAGIC = b"SDAU"
@@ -311,6 +313,26 @@ class Limits:
 _LIMIT_KEYS = ("max_streams", "max_frames_per_message", "max_message_bytes", "max_buffered_frames")
 
 
+@dataclass(frozen=True)
+class OpusInfo:
+    """``ready.opus`` (minor version 2): what ``format: "opus"`` sends on this server.
+
+    ``sample_rate`` is the wire rate, the rate the Ogg Opus stream was encoded at (a codec at a rate Opus
+    does not take is resampled to it); ``bitrate`` is the encoder's constant bit rate in bits per second.
+    """
+
+    sample_rate: int
+    bitrate: int
+
+    @classmethod
+    def from_json(cls, obj: Any) -> OpusInfo:
+        fields = _object(obj, "ready.opus")
+        return cls(_count(fields, "sample_rate", "ready.opus"), _count(fields, "bitrate", "ready.opus"))
+
+    def to_json(self) -> dict[str, int]:
+        return {"sample_rate": self.sample_rate, "bitrate": self.bitrate}
+
+
 # --------------------------------------------------------------------------------------------------
 # Client -> server messages
 
@@ -414,7 +436,8 @@ class Ready:
     """``ready``, first on every connection: the protocol version, the codec and the limits.
 
     ``voice`` names the voice that speaks a start's ``text`` (None: this server takes latents only);
-    ``minor`` is 0 for a server older than text in, which sends neither field.
+    ``minor`` is 0 for a server older than text in, which sends neither field. ``opus`` (minor 2) says
+    what ``format: "opus"`` sends, or None where this server cannot send it (or predates the field).
     """
 
     codec: CodecInfo
@@ -422,6 +445,7 @@ class Ready:
     protocol: int = PROTOCOL_VERSION
     minor: int = PROTOCOL_MINOR
     voice: str | None = None
+    opus: OpusInfo | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -431,6 +455,7 @@ class Ready:
             "codec": self.codec.to_json(),
             "limits": self.limits.to_json(),
             "voice": self.voice,
+            "opus": None if self.opus is None else self.opus.to_json(),
         }
 
 
@@ -618,6 +643,7 @@ class ServerState:
     limits: Limits
     accepting_streams: bool = True  # False once the server shuts down: new starts get ``overloaded``
     voice: str | None = None  # the voice that speaks a start's text; None: a text start gets no_voice
+    opus: OpusInfo | None = None  # what format "opus" sends; None: this server cannot send it
     _streams: dict[int, _StreamState] = field(default_factory=dict)
 
     # -- inbound -----------------------------------------------------------------------------------
@@ -753,7 +779,7 @@ class ServerState:
 
     def ready(self) -> Ready:
         """The ``ready`` message sent first on every connection."""
-        return Ready(self.codec, self.limits, voice=self.voice)
+        return Ready(self.codec, self.limits, voice=self.voice, opus=self.opus)
 
     def started(self, stream: int) -> Started:
         return Started(stream)
@@ -821,7 +847,10 @@ def parse_audio(data: bytes | bytearray | memoryview) -> AudioMessage:
 def decode_audio_samples(msg: AudioMessage, fmt: str, channels: int) -> np.ndarray:
     """The samples of ``msg`` as float32 ``[channels, n_samples]`` (s16 scaled by 1/32767); PCM only."""
     if fmt not in SAMPLE_FORMATS:
-        raise ConfigError(f"format {fmt!r} is not PCM: decode its payload with its codec (see PROTOCOL.md)")
+        raise ConfigError(
+            f"format {fmt!r} is not PCM: decode its payload with its codec (see PROTOCOL.md; the Python "
+            "client's streams decode Opus themselves)"
+        )
     width = SAMPLE_FORMATS[fmt]
     if len(msg.pcm) != msg.n_samples * channels * width:
         raise _fail(
@@ -867,7 +896,8 @@ def _parse_ready(obj: Mapping[str, Any]) -> Ready:
     if voice is not None and not isinstance(voice, str):
         raise _fail(ErrorCode.BAD_MESSAGE, f"ready.voice must be a string or null, got {voice!r:.40}")
     codec, limits = CodecInfo.from_json(obj.get("codec")), Limits.from_json(obj.get("limits"))
-    return Ready(codec, limits, protocol, minor, voice)
+    opus = None if obj.get("opus") is None else OpusInfo.from_json(obj["opus"])
+    return Ready(codec, limits, protocol, minor, voice, opus)
 
 
 def _parse_started(obj: Mapping[str, Any]) -> Started:

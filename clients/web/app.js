@@ -95,6 +95,10 @@ function onReady(msg) {
   const c = msg.codec;
   $("codec").textContent = `${c.name}: ${c.sample_rate} Hz, ${c.channels} ch, latent_dim ${c.latent_dim}, hop ${c.hop_size}`;
   $("voice").hidden = !msg.voice; // a server with a voice says so in ready
+  // ready.opus (protocol 1.2) is null where the server cannot encode Opus: then the menu does not offer it
+  const opus = $("format").querySelector('option[value="opus"]');
+  opus.disabled = !msg.opus;
+  if (!msg.opus && $("format").value === "opus") $("format").value = "pcm_s16le";
   setConnState("connected", "connected");
   showError("");
 }

