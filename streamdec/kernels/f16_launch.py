@@ -142,13 +142,17 @@ def plan(
         if tiles
         else packed_tiles(batch, cout, tout, sms, bk)
     )
+    rows = 0
+    if pack and packed is not None:
+        rows = min(packed.block_n // PACK_ROW_N, pow2_block(batch, 1, packed.block_n))
+        block_n = max(rows * PACK_ROW_N, 16)  # tl.dot's smallest extent
+        rows = block_n // PACK_ROW_N
+        if tout >= block_n:  # so few rows that a program's columns hold a whole row anyway: no gain
+            packed, rows = None, 0
     t = (packed if pack else None) or tiles or default_tiles(batch, cout, tout, sms, bk)
     block_m = pow2_block(cout, WARPGROUP_ROWS, t.block_m)
-    if pack and packed is not None:
-        rows = min(t.block_n // PACK_ROW_N, pow2_block(batch, 1, t.block_n))
+    if rows:
         row_n = PACK_ROW_N
-        block_n = max(rows * row_n, 16)  # tl.dot's smallest extent
-        rows = block_n // row_n
     else:
         rows, block_n = 1, pow2_block(tout, _MIN_BLOCK_N, t.block_n)
         row_n = block_n

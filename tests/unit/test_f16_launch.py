@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from streamdec.kernels import f16_launch
@@ -47,6 +47,10 @@ def test_the_arithmetic_is_the_layers_whatever_the_launch(
 
 
 @given(layers, launches)
+@example(  # two rows of 16 samples: packing them 8 a row would fill no more of a program than one row does
+    {"padded_channels": 32, "cout": 1, "tout": 16, "ksize": 1},
+    {"batch": 2, "sms": 78, "tiles": LARGE, "split": None},
+)
 def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, object]) -> None:
     p = plan(**layer, **launch)  # type: ignore[arg-type]
     tiles_n, tiles_m, programs = p.grid
