@@ -1,6 +1,6 @@
 """Opus for the Python client: one stream's Ogg Opus bytes in, float32 samples at the codec's rate out.
 
-libopus (the system's, through :mod:`streamdec.server.libopus`) decodes at the wire rate ``ready.opus``
+libopus (the system's, through :mod:`streamdec.audio.libopus`) decodes at the wire rate ``ready.opus``
 announces; the encoder's pre-skip is dropped; a codec at another rate gets its samples back through the
 same band-limited resampler the server used. What comes out is held back to the codec samples the audio
 headers have counted (the encoder pads its last frame), so a completed stream gives exactly
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamdec.audio.libopus import LibopusDecoder
+from streamdec.audio.ogg import OggOpusReader
+from streamdec.audio.resample import Resampler
 from streamdec.errors import ConfigError
-from streamdec.server.libopus import LibopusDecoder
-from streamdec.server.ogg import OggOpusReader
-from streamdec.server.resample import Resampler
 
 __all__ = ["OpusStreamDecoder"]
 

@@ -28,14 +28,14 @@ import numpy as np
 import torch
 
 import streamdec
+from streamdec.audio.libopus import libopus_version
+from streamdec.audio.resample import Resampler
 from streamdec.bench.meta import environment, finish_environment
 from streamdec.clients import connect
 from streamdec.clients.opus import OpusStreamDecoder
 from streamdec.protocol import AUDIO_HEADER
 from streamdec.server import ServerConfig, StreamServer
-from streamdec.server.libopus import libopus_version
 from streamdec.server.opus import DEFAULT_BITRATE, OpusEncoder, wire_rate
-from streamdec.server.resample import Resampler
 
 BITRATES = [12000, 16000, 24000, 32000, 40000, 48000, 56000, 64000, 76800, 96000, 128000]
 

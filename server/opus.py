@@ -14,12 +14,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from streamdec.audio.libopus import MAX_BITRATE, MIN_BITRATE, OPUS_RATES, LibopusEncoder, libopus_available
+from streamdec.audio.ogg import OggOpusWriter
+from streamdec.audio.resample import Resampler
 from streamdec.errors import ConfigError
 from streamdec.protocol import CodecInfo, OpusInfo
-
-from .libopus import MAX_BITRATE, MIN_BITRATE, OPUS_RATES, LibopusEncoder, libopus_available
-from .ogg import OggOpusWriter
-from .resample import Resampler
 
 __all__ = [
     "DEFAULT_BITRATE",

@@ -10,8 +10,8 @@ import struct
 import numpy as np
 import pytest
 
+from streamdec.audio.libopus import libopus_available
 from streamdec.protocol import parse_audio
-from streamdec.server.libopus import libopus_available
 from support.server_support import (
     clip,
     next_json,

@@ -13,11 +13,11 @@ import anyio
 import numpy as np
 import pytest
 
+from streamdec.audio.libopus import libopus_available
 from streamdec.clients import connect
 from streamdec.clients.cli import configure_stream, run_stream
 from streamdec.errors import ConfigError
 from streamdec.protocol import CodecInfo, Limits, OpusInfo, Ready
-from streamdec.server.libopus import libopus_available
 from support.opus import lag, receive
 from support.server_support import clip, running_server, tiny_codec
 

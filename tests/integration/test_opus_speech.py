@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from streamdec.audio.libopus import libopus_available
 from streamdec.clients import connect
-from streamdec.server.libopus import libopus_available
 from streamdec.voice import DEMO_TEXT
 from support.opus import lag, receive, snr_db
 from support.server_support import running_server

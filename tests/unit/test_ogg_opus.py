@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamdec.audio.libopus import LibopusDecoder, LibopusEncoder, libopus_available
+from streamdec.audio.ogg import OggOpusReader, OggOpusWriter, ogg_crc
 from streamdec.errors import ConfigError
-from streamdec.server.libopus import LibopusDecoder, LibopusEncoder, libopus_available
-from streamdec.server.ogg import OggOpusReader, OggOpusWriter, ogg_crc
 from streamdec.server.opus import OpusEncoder, check_bitrate, wire_rate
 
 needs_libopus = pytest.mark.skipif(

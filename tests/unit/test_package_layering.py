@@ -78,3 +78,19 @@ def test_no_kernel_module_imports_codecs(name: str, path: Path) -> None:
 def test_layers_import_kernels_plainly(name: str, path: Path) -> None:
     """The layers reach the kernels by plain imports, never through importlib."""
     assert not {m for m in _imported(path, name) if m.split(".")[0] == "importlib"}
+
+
+def test_every_package_in_the_tree_is_installed() -> None:
+    """A package missing from pyproject's list works in an editable checkout and is absent from a wheel."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {name: root / folder for name, folder in config["package-dir"].items()}
+    found = set()
+    for name, folder in roots.items():
+        for init in folder.rglob("__init__.py"):
+            relative = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *relative)))
+    listed = set(config["packages"])
+    assert found - listed == set(), f"packages not installed: {sorted(found - listed)}"

@@ -198,7 +198,7 @@ def test_ogg_page_checksum_matches_the_encoder() -> None:
 
     import numpy as np
 
-    from streamdec.server.ogg import ogg_crc
+    from streamdec.audio.ogg import ogg_crc
 
     data = sphn.OpusStreamWriter(24000).append_pcm(np.zeros(480, np.float32))
     size = 27 + data[26] + sum(data[27 : 27 + data[26]])
@@ -210,7 +210,7 @@ def test_ogg_page_checksum_matches_the_encoder() -> None:
 
 def test_opus_for_a_layout_opus_cannot_take_is_refused_with_the_fix() -> None:
     """Any rate goes (resampled to an Opus rate); two channels do not: the reason names them and PCM."""
-    from streamdec.server.libopus import libopus_available
+    from streamdec.audio.libopus import libopus_available
     from streamdec.server.opus import check_opus
 
     if not libopus_available():

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamdec.audio.resample import Resampler, resample
 from streamdec.errors import ConfigError
-from streamdec.server.resample import Resampler, resample
 
 RATES = [(22050, 24000), (22050, 48000), (24000, 22050), (44100, 48000), (16000, 16000 * 3)]
 
