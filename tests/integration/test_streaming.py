@@ -21,12 +21,12 @@ def codec() -> streamdec.Codec:
     return streamdec.load_codec("tiny")
 
 
-_REFERENCE: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_REFERENCE: dict[tuple[str, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _clip(codec: streamdec.Codec, frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random latents and their whole-clip decode, cached: the reference is the slow part."""
-    key = (frames, seed)
+    key = (codec.name, frames, seed)
     if key not in _REFERENCE:
         latents = torch.randn(frames, codec.latent_dim, generator=torch.Generator().manual_seed(seed))
         _REFERENCE[key] = latents, codec.decode(latents[None])[0]
@@ -64,7 +64,7 @@ def _stitch(tiles: list[streamdec.Tile]) -> torch.Tensor:
     as_async=st.booleans(),
 )
 def test_streamed_equals_whole_clip_decode(
-    codec: streamdec.Codec,
+    fast_codec: streamdec.Codec,
     frames: int,
     seed: int,
     chunk_sizes: list[int],
@@ -72,7 +72,12 @@ def test_streamed_equals_whole_clip_decode(
     grow: int,
     as_async: bool,
 ) -> None:
-    """For every chunking and emission policy, stitched tiles equal codec.decode within 1e-5."""
+    """For every chunking and emission policy, stitched tiles equal codec.decode within 1e-5.
+
+    The property is the planner's and the stitching's, so it runs on dac-tiny: with "tiny", one-frame
+    tiles of a 150-frame clip alone took a minute on a 2-core CPU (each window recomputes its context).
+    """
+    codec = fast_codec
     latents, reference = _clip(codec, frames, seed)
     chunks = _split(latents, chunk_sizes)
 
