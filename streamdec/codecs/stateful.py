@@ -60,6 +60,7 @@ __all__ = [
     "Node",
     "Residual",
     "Seq",
+    "StateIO",
     "StateSpec",
     "StatefulNet",
     "Windowed",
@@ -76,8 +77,20 @@ class StateSpec:
     length: int
 
 
+class StateIO(Protocol):
+    """Where a call reads each leaf's state (``get``) and writes its new state (``put``), by leaf index.
+
+    Every leaf reads its state before it writes the new one, and ``get`` returns a tensor the caller may
+    keep (a copy, or a state nobody writes again), so a store may write a new state the moment it is put.
+    """
+
+    def get(self, index: int) -> Tensor: ...
+
+    def put(self, index: int, value: Tensor) -> None: ...
+
+
 class _States:
-    """The flat list of state tensors one call reads (``get``) and writes (``put``), by leaf index."""
+    """A :class:`StateIO` over a list of tensors: the new states are collected for the caller."""
 
     def __init__(self, tensors: Sequence[Tensor] | None, count: int) -> None:
         self.inputs = tensors
@@ -110,13 +123,13 @@ class Node(abc.ABC):
         """The stateful leaves below this node, in state order."""
 
     @abc.abstractmethod
-    def prime(self, x: Tensor, states: _States) -> Tensor: ...
+    def prime(self, x: Tensor, states: StateIO) -> Tensor: ...
 
     @abc.abstractmethod
-    def step(self, x: Tensor, states: _States) -> Tensor: ...
+    def step(self, x: Tensor, states: StateIO) -> Tensor: ...
 
     @abc.abstractmethod
-    def flush(self, x: Tensor, states: _States) -> Tensor: ...
+    def flush(self, x: Tensor, states: StateIO) -> Tensor: ...
 
 
 class _TooShort(Exception):
@@ -138,13 +151,13 @@ class Stateless(Node):
     def leaves(self) -> list[Stateful]:
         return []
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         return self.fn(x)
 
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         return self.fn(x)
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self.fn(x)
 
 
@@ -158,11 +171,11 @@ class Stateful(Node):
     def leaves(self) -> list[Stateful]:
         return [self] if self.state_len > 0 else []
 
-    def _keep(self, buffer: Tensor, states: _States) -> None:
+    def _keep(self, buffer: Tensor, states: StateIO) -> None:
         if self.state_len > 0:
             states.put(self.index, buffer[..., buffer.shape[-1] - self.state_len :])
 
-    def _keep_after(self, head: Tensor, x: Tensor, states: _States) -> None:
+    def _keep_after(self, head: Tensor, x: Tensor, states: StateIO) -> None:
         """Keep the last ``state_len`` samples of ``cat(head, x)`` without building it: a view of ``x`` when
         the step is at least as long as the state, else the state's newer part and ``x``."""
         n = x.shape[-1]
@@ -173,7 +186,7 @@ class Stateful(Node):
         else:
             states.put(self.index, torch.cat([head[..., n:], x], dim=-1))
 
-    def _buffer(self, x: Tensor, states: _States) -> Tensor:
+    def _buffer(self, x: Tensor, states: StateIO) -> Tensor:
         if self.state_len == 0:
             return x
         # Two copies into one buffer: measured a little faster than torch.cat along time on an H200
@@ -183,7 +196,7 @@ class Stateful(Node):
         buffer[..., self.state_len :] = x
         return buffer
 
-    def _prime_state(self, x: Tensor, states: _States, pad: str) -> None:
+    def _prime_state(self, x: Tensor, states: StateIO, pad: str) -> None:
         """The state after a prime on ``x``: its last inputs, left-padded as the layer pads if too few."""
         short = self.state_len - x.shape[-1]
         if short > 0:
@@ -224,20 +237,20 @@ class Leaf(Stateful):
             raise _TooShort
         return m - self.b
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         self._prime_state(x, states, pad="replicate")
         out: Tensor = self.layer(x)
         return out[..., : x.shape[-1] - self.b]
 
-    def _history(self, x: Tensor, states: _States) -> Tensor:
+    def _history(self, x: Tensor, states: StateIO) -> Tensor:
         return states.get(self.index) if self.state_len else x[..., :0]
 
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         head = self._history(x, states)
         self._keep_after(head, x, states)
         return self.layer.window(head, x, self.a, x.shape[-1])
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self.layer.window(self._history(x, states), x, self.a, self.b + x.shape[-1])
 
 
@@ -260,21 +273,21 @@ class Conv(Stateful):
             raise _TooShort
         return m - self.right
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         self._prime_state(x, states, pad="zeros")
         out: Tensor = self.conv(x)
         return out[..., : x.shape[-1] - self.right]
 
     # Steps hand the kept history to the convolution as a separate head: the float16 kernel's input split
     # reads history and new samples in place, so no concatenated buffer is written and read back.
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         if self.state_len == 0:
             return self.conv.convolve(x, (0, 0))
         head = states.get(self.index)
         self._keep_after(head, x, states)
         return self.conv.convolve(x, (0, 0), head)
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         head = states.get(self.index) if self.state_len else None
         return self.conv.convolve(x, (0, self.conv.pad_right), head)
 
@@ -302,19 +315,19 @@ class ConvTranspose(Stateful):
     def prime_len(self, m: int) -> int:
         return m * self.stride - self.crop
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         self._prime_state(x, states, pad="zeros")
         out: Tensor = self.conv(x)
         return out[..., : x.shape[-1] * self.stride - self.crop]
 
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         buffer = self._buffer(x, states)
         self._keep(buffer, states)
         start = self.state_len * self.stride - self.crop
         out: Tensor = self.conv(buffer)
         return out[..., start : start + x.shape[-1] * self.stride]
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         out: Tensor = self.conv(self._buffer(x, states))
         return out[..., self.state_len * self.stride - self.crop :]
 
@@ -334,11 +347,11 @@ class Delay(Stateful):
             raise _TooShort
         return m - self.state_len
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         self._keep(x, states)
         return x[..., : x.shape[-1] - self.state_len]
 
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         if self.state_len == 0:
             return x
         head, n = states.get(self.index), x.shape[-1]
@@ -347,7 +360,7 @@ class Delay(Stateful):
             return head[..., :n]
         return torch.cat([head, x[..., : n - self.state_len]], dim=-1)
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self._buffer(x, states)
 
 
@@ -374,17 +387,17 @@ class Seq(Node):
     def leaves(self) -> list[Stateful]:
         return [leaf for node in self.nodes for leaf in node.leaves()]
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         for node in self.nodes:
             x = node.prime(x, states)
         return x
 
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         for node in self.nodes:
             x = node.step(x, states)
         return x
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         for node in self.nodes:
             x = node.flush(x, states)
         return x
@@ -415,13 +428,13 @@ class _Parallel(Node):
     @abc.abstractmethod
     def combine(self, outs: list[Tensor]) -> Tensor: ...
 
-    def prime(self, x: Tensor, states: _States) -> Tensor:
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
         return self.combine([b.prime(x, states) for b in self.branches])
 
-    def step(self, x: Tensor, states: _States) -> Tensor:
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
         return self.combine([b.step(x, states) for b in self.branches])
 
-    def flush(self, x: Tensor, states: _States) -> Tensor:
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self.combine([b.flush(x, states) for b in self.branches])
 
 
@@ -528,21 +541,36 @@ class StatefulNet:
 
     def prime(self, z: Tensor) -> tuple[Tensor, list[Tensor]]:
         """First ``T >= min_prime_frames`` frames -> audio of frames ``0 .. T - right_frames`` and the state."""
-        if z.shape[1] < self.min_prime_frames:
-            raise CodecError(f"a prime needs >= {self.min_prime_frames} frames, got {z.shape[1]}")
-        states = _States(None, len(self.leaves))
-        audio = self.body.prime(self._input(z), states).float()
-        return audio, [s for s in states.outputs if s is not None]
+        io = _States(None, len(self.leaves))
+        audio = self.prime_into(z, io)
+        return audio, [s for s in io.outputs if s is not None]
 
     def step(self, z: Tensor, states: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
         """``T`` more frames -> ``T`` frames of audio (trailing by ``right_frames``) and the new state."""
         io = _States(states, len(self.leaves))
-        audio = self.body.step(self._input(z), io).float()
+        audio = self.step_with(z, io)
         return audio, [s for s in io.outputs if s is not None]
 
     def flush(self, z: Tensor, states: Sequence[Tensor]) -> Tensor:
         """The last ``T >= 0`` frames -> the stream's remaining ``T + right_frames`` frames of audio."""
-        io = _States(states, len(self.leaves))
+        return self.flush_with(z, _States(states, len(self.leaves)))
+
+    # The same three calls on a state store that reads and writes each leaf's state as the call reaches
+    # it (the engine's slot pool): a store that keeps the new states until the end would keep every
+    # layer's whole input alive with them, since a new state is a view of its layer's input.
+
+    def prime_into(self, z: Tensor, io: StateIO) -> Tensor:
+        """:meth:`prime`, writing each leaf's state to ``io``; returns the audio."""
+        if z.shape[1] < self.min_prime_frames:
+            raise CodecError(f"a prime needs >= {self.min_prime_frames} frames, got {z.shape[1]}")
+        return self.body.prime(self._input(z), io).float()
+
+    def step_with(self, z: Tensor, io: StateIO) -> Tensor:
+        """:meth:`step`, reading and writing each leaf's state through ``io``; returns the audio."""
+        return self.body.step(self._input(z), io).float()
+
+    def flush_with(self, z: Tensor, io: StateIO) -> Tensor:
+        """:meth:`flush`, reading each leaf's state through ``io``; returns the audio."""
         out = self.body.flush(self._input(z), io)
         # Odd-stride families (DAC 24/16 kHz) end a few samples short of whole frames, and pad with zeros.
         want = (z.shape[1] + self.right_frames) * self.hop
