@@ -7,7 +7,9 @@ fails first at start-up, when the first tile went out quickly from an idle engin
 behind other streams' calls. So the probe has two steps::
 
     1. throughput    streams with every chunk at hand, decoded in the calls a real-time stream makes;
-                     bound = audio seconds per wall second x SAFETY_FACTOR (may be 0)
+                     bound = audio seconds per wall second x SAFETY_FACTOR (may be 0); on a device
+                     with captured step graphs, at least what the measured replays allow
+                     (:func:`replay_bound`)
     2. paced         n = max(bound, 1) streams paced at real time (one min_emit-frame chunk per chunk
                      period; starts spread evenly over min(n + 1, START_PERIODS) chunk periods
                      (:func:`start_offsets`), so each stream's first call lands while earlier ones step,
@@ -26,6 +28,14 @@ sends each ``min_emit`` frames as soon as they arrive, so while the engine keeps
 whole prebuffer early: the margin is half the prebuffer. A halo stream holds ready frames back to decode
 larger windows until ``decode time + FlushPolicy.margin_s`` before its listener runs dry, so it aims for
 ``margin_s`` (40 ms): the margin is half that.
+
+A few streams say little about a GPU: they decode in small batches whose cost is mostly fixed (a step of
+16 streams costs two thirds of one of 64), and the engine holds their calls until shortly before their
+deadlines once the device is busy, so their wall time measures the pacing, not the device. The replay
+times the engine measured at warm-up do: ``B`` streams stepping ``f`` frames at a time need
+``frame_rate / f`` replays of the ``B x f`` graph a second, so the device is busy ``replay x frame_rate /
+f`` of the time for them; the largest batch bucket gives the most streams at SAFETY_FACTOR. The paced run
+then checks that figure, start-up and the engine's real batching included, and steps down from it.
 
 Capacity 0 means this engine cannot keep one real-time stream ahead of its listener here: the server then
 refuses every ``start`` (see :mod:`.admission`).
@@ -51,6 +61,7 @@ __all__ = [
     "PacedRun",
     "measure_capacity",
     "probe_margin",
+    "replay_bound",
     "start_offsets",
 ]
 
@@ -94,6 +105,27 @@ def _busy_seconds(decoder: _Decoder) -> float:
     """Seconds the decoder's engines have spent in device calls so far, per engine."""
     engines = len(getattr(decoder, "decoders", None) or [decoder])
     return float(decoder.stats.engine.decode_seconds) / engines
+
+
+def replay_bound(decoder: _Decoder, frame_rate: float, safety: float = SAFETY_FACTOR) -> int | None:
+    """Real-time streams the measured step replays allow at ``safety`` busy, over all of the decoder's
+    engines (module docstring); None where there are none: halo mode, an eager engine, no graphs."""
+    total = 0.0
+    for member in getattr(decoder, "decoders", None) or [decoder]:
+        engine: Any = getattr(member, "engine", None)
+        device = getattr(engine, "device", None)
+        if getattr(member, "mode", None) != "stateful" or getattr(device, "type", None) != "cuda":
+            return None
+        best = 0.0
+        for key, replay_ms in engine.step_replay_ms().items():
+            kind, shape = key.split(" ")
+            batch, frames = (int(v) for v in shape.split("x"))
+            if kind == "step" and frames == member.min_emit and replay_ms:
+                best = max(best, batch * safety / (replay_ms / 1e3 * frame_rate / frames))
+        if best == 0.0:
+            return None
+        total += best
+    return math.floor(total)
 
 
 class ListenerClock:
@@ -185,7 +217,7 @@ class CapacityReport:
     """What the probe measured: the throughput bound, each paced run, and the capacity it settled on."""
 
     realtime_factor: float  # audio seconds decoded per wall second in the throughput step
-    bound: int  # realtime_factor x SAFETY_FACTOR, floored
+    bound: int  # realtime_factor x SAFETY_FACTOR, floored, or the replay bound where larger
     runs: tuple[PacedRun, ...]
     margin_s: float
     capacity: int
@@ -272,7 +304,7 @@ async def measure_capacity(
     n = int(min(THROUGHPUT_STREAMS, limit))
     wall = await throughput(decoder, frames, latent_dim, n)
     audio = n * frames / frame_rate
-    bound = realtime_streams(audio, wall, SAFETY_FACTOR)
+    bound = max(realtime_streams(audio, wall, SAFETY_FACTOR), replay_bound(decoder, frame_rate) or 0)
     runs: list[PacedRun] = []
     streams = int(min(max(bound, 1), limit))
     while streams >= 1:

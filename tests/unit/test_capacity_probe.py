@@ -18,6 +18,7 @@ from streamdec.server.probe import (
     PacedChunks,
     PacedRun,
     probe_margin,
+    replay_bound,
     start_offsets,
 )
 
@@ -170,3 +171,46 @@ def test_paced_starts_overlap_and_take_distinct_phases(streams: int) -> None:
     if streams < START_PERIODS:
         phases = sorted(round(o % 1.0 * streams) % streams for o in offsets)
         assert phases == list(range(streams))
+
+
+class _ReplayEngine:
+    def __init__(self, device: str, replays: dict[str, float | None]) -> None:
+        self.device = torch.device(device)
+        self.replays = replays
+
+    def step_replay_ms(self) -> dict[str, float | None]:
+        return self.replays
+
+
+class _Member:
+    def __init__(self, engine: _ReplayEngine, mode: str = "stateful", min_emit: int = 4) -> None:
+        self.engine, self.mode, self.min_emit = engine, mode, min_emit
+
+
+class _Group:
+    def __init__(self, *members: _Member) -> None:
+        self.decoders = list(members)
+
+
+H200_STEPS: dict[str, float | None] = {
+    "step 64x4": 14.1, "step 256x4": 41.3, "step 128x8": 40.0, "prime 16x23": 12.8, "step 16x4": 9.2,
+}  # fmt: skip
+
+
+def test_replay_bound_takes_the_batch_bucket_that_serves_most_streams_at_half_busy() -> None:
+    """256 streams stepping 4 frames at 50 Hz need 12.5 replays of 41.3 ms a second: 52 % busy, so 248
+    streams at half busy; steps of other sizes and other calls do not count."""
+    member = _Member(_ReplayEngine("cuda", H200_STEPS))
+    assert replay_bound(member, 50.0) == int(256 * 0.5 / (0.0413 * 12.5))
+    group = _Group(member, _Member(_ReplayEngine("cuda", H200_STEPS)))
+    assert replay_bound(group, 50.0) == int(2 * 256 * 0.5 / (0.0413 * 12.5))
+
+
+def test_replay_bound_is_none_without_step_graphs_on_a_gpu() -> None:
+    """Halo mode, a CPU engine, no measured step of the stream's size: the probe keeps its wall-clock
+    throughput bound."""
+    assert replay_bound(_Member(_ReplayEngine("cuda", H200_STEPS), mode="halo"), 50.0) is None
+    assert replay_bound(_Member(_ReplayEngine("cpu", H200_STEPS)), 50.0) is None
+    assert replay_bound(_Member(_ReplayEngine("cuda", {"step 64x8": 20.0, "step 64x4": None})), 50.0) is None
+    group = _Group(_Member(_ReplayEngine("cuda", H200_STEPS)), _Member(_ReplayEngine("cpu", {})))
+    assert replay_bound(group, 50.0) is None
