@@ -26,12 +26,12 @@ from streamdec.bench.meta import ResultFile, script_header
 _MODES = {"packed": "1", "one-row": "0"}
 
 
-def _parse_bucket(text: str) -> tuple[int, int]:
+def parse_bucket(text: str) -> tuple[int, int]:
     streams, frames = text.lower().split("x")
     return int(streams), int(frames)
 
 
-def _time_graph(run: Any, replays: int, repeats: int) -> float:
+def time_graph(run: Any, replays: int, repeats: int) -> float:
     """Median over ``repeats`` of the mean device ms of one replay (``replays`` back to back)."""
     stream = torch.cuda.current_stream()
     for _ in range(3):
@@ -48,7 +48,7 @@ def _time_graph(run: Any, replays: int, repeats: int) -> float:
     return statistics.median(results)
 
 
-def _capture(fn: Any, *args: torch.Tensor) -> Any:
+def capture_graph(fn: Any, *args: torch.Tensor) -> Any:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -83,13 +83,13 @@ def measure(
         for batch, frames in buckets:
             index = torch.randperm(slots, device="cuda")[:batch]  # live streams sit anywhere in the pool
             z = torch.randn(batch, frames, codec.latent_dim, device="cuda")
-            ms = _time_graph(_capture(pool.step, index, z), replays, repeats)
+            ms = time_graph(capture_graph(pool.step, index, z), replays, repeats)
             out["buckets"][f"{batch}x{frames}"] = {
                 "replay_ms": ms,
                 "us_per_frame": 1e3 * ms / (batch * frames),
             }
         z = torch.randn(whole[0], whole[1], codec.latent_dim, device="cuda")
-        ms = _time_graph(_capture(static_forward(codec), z), replays, repeats)
+        ms = time_graph(capture_graph(static_forward(codec), z), replays, repeats)
         out["whole_clip"] = {
             "shape": f"{whole[0]}x{whole[1]}",
             "replay_ms": ms,
@@ -108,8 +108,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="bench/results/step-packing.json")
     args = ap.parse_args()
-    buckets = [_parse_bucket(b) for b in args.buckets]
-    whole = _parse_bucket(args.whole)
+    buckets = [parse_bucket(b) for b in args.buckets]
+    whole = parse_bucket(args.whole)
     if args.child:
         print(json.dumps(measure(args.codec, buckets, whole, args.replays, args.repeats)))
         return

@@ -103,8 +103,8 @@ class Codec(nn.Module, abc.ABC):
 
     @property
     def precision(self) -> Precision:
-        """How convolutions use a GPU's matrix units: ``"fp32"`` (default), ``"tf32x3"``, ``"fp16x3"``
-        or ``"tf32"``.
+        """How convolutions use a GPU's matrix units: ``"fp32"`` (default), ``"tf32x3"``, ``"fp16x3"``,
+        ``"fp16"`` or ``"tf32"``.
 
         ``"tf32x3"`` runs split operands on TF32 tensor cores. Where Triton is installed it goes through
         this package's split convolution and is float32-accurate and faster than ``"fp32"``; without
@@ -112,8 +112,9 @@ class Codec(nn.Module, abc.ABC):
         (three times through cuDNN). ``"fp16x3"`` splits into float16 halves under power-of-two scales and
         runs this package's float16 kernel where the GPU has TMA (an H100 or H200; other layers and GPUs
         take the ``"tf32x3"`` path), faster again; its split weights take as much memory as the conv
-        weights. ``"tf32"`` moves the output by about 1e-3 (:mod:`streamdec.codecs.precision`). Accuracy
-        and speed of each mode: ``docs/precision.md`` and ``docs/performance.md``.
+        weights. ``"fp16"`` (opt-in, never chosen by ``auto``) multiplies the float16 heads only, once
+        instead of three times: faster, at about 11 bits of each operand. ``"tf32"`` moves the output by
+        about 1e-3 (:mod:`streamdec.codecs.precision`). Accuracy and speed of each mode: ``docs/precision.md`` and ``docs/performance.md``.
         Setting it takes effect at the next eager call or compile; captured graphs keep what they captured.
         """
         return self._precision
@@ -121,7 +122,8 @@ class Codec(nn.Module, abc.ABC):
     @precision.setter
     def precision(self, value: Precision) -> None:
         checked = check_precision(value)
-        set_split_convs(self, checked in ("tf32x3", "fp16x3"), f16=checked == "fp16x3")
+        split, f16 = checked in ("tf32x3", "fp16x3", "fp16"), checked in ("fp16x3", "fp16")
+        set_split_convs(self, split, f16=f16, products=1 if checked == "fp16" else 3)
         self._precision = checked
 
     def use_auto_precision(self) -> Precision:

@@ -1,4 +1,5 @@
-"""How a codec's convolutions use a CUDA GPU's matrix units: ``"fp32"``, ``"tf32x3"``, ``"fp16x3"``, ``"tf32"``.
+"""How a codec's convolutions use a CUDA GPU's matrix units: ``"fp32"``, ``"tf32x3"``, ``"fp16x3"``, ``"fp16"``,
+``"tf32"``.
 
 * ``"fp32"`` (default): true float32 on CUDA cores. Exact to float32 round-off, and the slowest on a GPU
   at large batches.
@@ -40,6 +41,12 @@
   decode lands at 122 dB against float64 on an H200 (max abs 1.1e-6), a layer at 0.05-0.2x cuDNN fp32's
   error. Layers the float16 kernel cannot take run as ``"tf32x3"`` does.
 
+* ``"fp16"`` (opt-in; ``auto`` never picks it): the float16 kernel with one product instead of three,
+  ``x_hi * w_hi``, the scaled operands rounded to float16's 11 significant bits and accumulated in the
+  tensor cores. It reads half the operand bytes and does a third of the products of ``"fp16x3"``, and
+  it is about as accurate as ``"tf32"`` (``docs/precision.md`` gives the measured dB). Layers the float16
+  kernel cannot take run as ``"tf32x3"`` does.
+
 The split happens only on CUDA float32 tensors; on the CPU every precision computes plain float32. Only
 this package's conv layers know how to split (:func:`streamdec.codecs.layers.set_split_convs`): a codec
 holding another convolution module cannot take ``"tf32x3"`` or ``"fp16x3"``.
@@ -53,7 +60,7 @@ from streamdec.errors import ConfigError
 
 __all__ = ["AUTO_PREFERENCE", "PRECISIONS", "Precision", "check_precision"]
 
-Precision = Literal["fp32", "tf32x3", "fp16x3", "tf32"]
+Precision = Literal["fp32", "tf32x3", "fp16x3", "fp16", "tf32"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 # What Codec.use_auto_precision tries, in order: the first with every convolution on a Triton split kernel.
 AUTO_PREFERENCE: tuple[Precision, ...] = ("fp16x3", "tf32x3")

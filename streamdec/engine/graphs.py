@@ -285,8 +285,10 @@ class GraphTiers:
             static_in = self.random_input(key)  # random, never zeros: a bad capture must show in the output
             if tier == "compiled":
                 self._mark_dynamic(static_in)
-            fn(static_in)  # compile / lazy init / cuDNN heuristics happen here, outside the capture
-            fn(static_in)
+            # Lazy init, Triton's compiles and cuDNN's heuristics happen here, outside the capture; a
+            # compiled function runs twice, since its first call may recompile for the marked dimensions.
+            for _ in range(2 if tier == "compiled" else 1):
+                fn(static_in)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             self._capturing = True

@@ -73,6 +73,7 @@ def _conv1d_f16x3_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ROWS: tl.constexpr,  # batch rows a program covers: BLOCK_N // ROWS samples of each (short rows packed)
+    PRODUCTS: tl.constexpr,  # 3: the split products ("fp16x3"); 1: heads only ("fp16"), tails never read
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -100,17 +101,24 @@ def _conv1d_f16x3_kernel(
             # TIN into the next batch row (or zero fill at the ends). Those only feed outputs the store
             # masks off (output t reads inputs t + tap * DIL < TIN of its own row).
             w_hi = w_hi_desc.load([tap * COUT + m0, c0])
-            w_lo = w_lo_desc.load([tap * COUT + m0, c0])
             if ROWS == 1:
                 x_hi = x_hi_desc.load([batch * TIN + n0 + tap * DIL, c0]).T  # [BLOCK_K, BLOCK_N], K-major
-                x_lo = x_lo_desc.load([batch * TIN + n0 + tap * DIL, c0]).T
             else:  # a [ROWS, ROW_N, BLOCK_K] box: zero fill past each row's end and past the batch
                 x_hi = x_hi_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
-                x_lo = x_lo_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
-            part = tl.dot(w_lo, x_hi)
-            part = tl.dot(w_hi, x_lo, part)
-            part = tl.dot(w_hi, x_hi, part)
-            acc += part
+            if PRODUCTS == 3:
+                w_lo = w_lo_desc.load([tap * COUT + m0, c0])
+                if ROWS == 1:
+                    x_lo = x_lo_desc.load([batch * TIN + n0 + tap * DIL, c0]).T
+                else:
+                    x_lo = x_lo_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
+                part = tl.dot(w_lo, x_hi)
+                part = tl.dot(w_hi, x_lo, part)
+                part = tl.dot(w_hi, x_hi, part)
+                acc += part
+            else:
+                # One float16 product carries 11 bits of each operand: the accumulator's own loss per
+                # MMA step is far below that, so the products accumulate in the tensor cores.
+                acc = tl.dot(w_hi, x_hi, acc)
         total += acc
     offs_m = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -251,6 +259,7 @@ def _split_kernel(
     T_OUT,
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    WRITE_LO: tl.constexpr,  # False for the single-product precision, which reads heads only
 ):
     """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded ``cat(head, x)``, bit for bit, in
     one pass: the padding is written here (zeros split to zeros) and the two parts are read where they
@@ -282,7 +291,8 @@ def _split_kernel(
     out = (row.to(tl.int64) * T_OUT + offs_out[None, :]) * CP + offs_c[:, None]
     mask = (offs_c < CP)[:, None] & (offs_out < T_OUT)[None, :]
     tl.store(hi_ptr + out, hi.to(tl.float16), mask=mask)
-    tl.store(lo_ptr + out, lo.to(tl.float16), mask=mask)
+    if WRITE_LO:
+        tl.store(lo_ptr + out, lo.to(tl.float16), mask=mask)
     if (pid_t == 0) & (pid_c == 0):
         tl.store(inv_ptr + row, inverse)
 
@@ -293,13 +303,15 @@ def split_f16(
     pad_right: int = 0,
     peak: torch.Tensor | None = None,
     head: torch.Tensor | None = None,
+    tails: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
     :func:`streamdec.kernels.split.split_input_f16` of ``F.pad(cat(head, x), (pad_left, pad_right))``
     (``head``, ``[B, C, H]``, may be None), in two kernels (a row-peak pass, then the split) rather than the
     handful of elementwise ones, nothing for ``torch.compile`` to generate per layer, and no padded or
     concatenated copy. ``peak`` (int32 ``[B]``, the float32 bits of each row's largest ``|x|``, as the
-    fused activation hands them over) skips the first; it must cover ``head`` too."""
+    fused activation hands them over) skips the first; it must cover ``head`` too. ``tails=False`` leaves
+    ``lo`` unwritten (the single-product precision never reads it)."""
     batch, channels, samples = x.shape
     x = x.contiguous()
     head = x[..., :0] if head is None else head.contiguous()
@@ -320,7 +332,7 @@ def split_f16(
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](
         head if kept else x, x, amax, hi, lo, inverse, channels, kept, samples, padded, pad_left, length,
-        BLOCK_C=32, BLOCK_T=64, num_warps=4,
+        BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, num_warps=4,
     )  # fmt: skip
     return hi, lo, inverse
 
@@ -339,6 +351,7 @@ def conv1d_f16x3(
     residual: torch.Tensor | None = None,
     phases: int = 1,
     pack: bool | None = None,
+    products: int = 3,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
@@ -350,7 +363,12 @@ def conv1d_f16x3(
     :data:`streamdec.kernels.sizing.PACK_SHORT_ROWS`) override the launch
     (``scripts/bench_conv_kernels.py`` times candidates); by default :func:`streamdec.kernels.f16_launch.plan`
     decides. None changes a single bit of the result.
+
+    ``products=1`` multiplies the heads only (the opt-in ``"fp16"`` precision: ``x_lo`` and ``w_lo``
+    are never read, the products accumulate in the tensor cores).
     """
+    if products not in (1, 3):
+        raise ShapeError(f"conv1d_f16x3 takes products=3 (split) or 1 (heads only), got {products}")
     batch, tin, cp = x_hi.shape
     ksize, cout, _ = w_hi.shape
     tout = tin - (ksize - 1) * dilation
@@ -360,7 +378,9 @@ def conv1d_f16x3(
                 f"{cout} output channels x {tout} samples in {phases} phases: need whole phase groups "
                 "and under 2**31 elements per batch row (the interleave's 32-bit offsets)"
             )
-        plain = conv1d_f16x3(x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack)
+        plain = conv1d_f16x3(
+            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack, products=products
+        )
         out = interleave(plain, phases)
         return out if residual is None else residual + out
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
@@ -410,6 +430,7 @@ def conv1d_f16x3(
         BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k,
         ROWS=launch.rows,
+        PRODUCTS=products,
         num_warps=launch.warps,
         num_stages=launch.stages,
     )

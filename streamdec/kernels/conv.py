@@ -40,7 +40,7 @@ from torch import Tensor
 from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.availability import HAS_TRITON
-from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_tf32
+from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_input_f16, split_tf32
 
 __all__ = [
     "ENABLED",
@@ -148,7 +148,10 @@ def _check_f16(
     peak: Tensor | None = None,
     phases: int = 1,
     head: Tensor | None = None,
+    products: int = 3,
 ) -> None:
+    if products not in (1, 3):
+        raise ShapeError(f"conv1d_split_f16 takes products=3 (split) or 1 (heads only), got {products}")
     if head is not None and (head.dim() != 3 or head.shape[:2] != x.shape[:2] or head.dtype != x.dtype):
         raise ShapeError(
             f"conv1d_split_f16: a head of {tuple(head.shape)} {head.dtype} before x of {tuple(x.shape)} "
@@ -209,6 +212,7 @@ def conv1d_split_f16(
     peak: Tensor | None = None,
     phases: int = 1,
     head: Tensor | None = None,
+    products: int = 3,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -230,12 +234,23 @@ def conv1d_split_f16(
 
     ``head`` (``[B, Cin, H]``), if given, comes before ``x`` in time: the convolution is of
     ``cat(head, x)``, which the split reads in place (a stateful stream's kept history and its new
-    samples, never copied into one buffer)."""
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head)
-    weight = ((w_hi.float() + w_lo.float()) * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
+    samples, never copied into one buffer).
+
+    ``products=1`` (the opt-in ``"fp16"`` precision) multiplies the float16 heads only, ``x_hi * w_hi``:
+    11 significant bits of each operand; ``w_lo`` is not read. On the CPU the op then convolves the
+    heads, reassembled, in float32."""
+    _check_f16(
+        x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products
+    )
+    parts = w_hi.float() + w_lo.float() if products == 3 else w_hi.float()
+    weight = (parts * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
     if head is not None:
         x = torch.cat([head, x], dim=-1)
-    out = F.conv1d(F.pad(x, (pad_left, pad_right)), weight[:, : x.shape[1]], bias, dilation=dilation)
+    x = F.pad(x, (pad_left, pad_right))
+    if products == 1:  # the heads of the input's split, as the CUDA op makes them
+        heads, _, inverse = split_input_f16(x)
+        x = heads.float().transpose(1, 2)[:, : x.shape[1]] * inverse[:, None, None]
+    out = F.conv1d(x, weight[:, : x.shape[1]], bias, dilation=dilation)
     out = interleave_phases(out, phases)
     return out if residual is None else residual + out
 
@@ -263,6 +278,7 @@ def _(
     peak: Tensor | None = None,
     phases: int = 1,
     head: Tensor | None = None,
+    products: int = 3,
 ) -> Tensor:
     kept = 0 if head is None else head.shape[2]
     return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases, kept))
@@ -282,15 +298,19 @@ def _(
     peak: Tensor | None = None,
     phases: int = 1,
     head: Tensor | None = None,
+    products: int = 3,
 ) -> Tensor:
-    _check_f16(x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head)
+    _check_f16(
+        x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products
+    )
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak, head)
+        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak, head, tails=products == 3)
         return tc.conv1d_f16x3(
-            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases
-        )
+            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases,
+            products=products,
+        )  # fmt: skip
 
 
 def split_conv1d_f16(
@@ -304,10 +324,11 @@ def split_conv1d_f16(
     peak: Tensor | None = None,
     phases: int = 1,
     head: Tensor | None = None,
+    products: int = 3,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
-    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases`` and ``head``
-    as the op takes them.
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases``, ``head``
+    and ``products`` as the op takes them.
 
     Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
     row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
@@ -315,6 +336,7 @@ def split_conv1d_f16(
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head
-    )
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head,
+        products,
+    )  # fmt: skip
     return out

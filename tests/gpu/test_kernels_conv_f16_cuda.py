@@ -61,10 +61,13 @@ def test_rows_of_any_magnitude_keep_their_accuracy() -> None:
     assert max(errors) <= 2e-6 and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("products", [3, 1])
 @pytest.mark.parametrize(("channels", "ksize", "dilation", "tout"), AUK_LAYERS[:3])
-def test_every_launch_gives_the_same_bits(channels: int, ksize: int, dilation: int, tout: int) -> None:
+def test_every_launch_gives_the_same_bits(
+    channels: int, ksize: int, dilation: int, tout: int, products: int
+) -> None:
     """Tiles, split-K on or off, batch 1 or 16: a row's result is bit-identical (the chunked reduction
-    is fixed per layer)."""
+    is fixed per layer), with three products ("fp16x3") or one ("fp16")."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w = layer_case(16, channels, ksize, dilation, tout)
@@ -72,8 +75,8 @@ def test_every_launch_gives_the_same_bits(channels: int, ksize: int, dilation: i
     hi, lo, x_inv = split_input_f16(x)
     args = (packed[0], packed[1], inverse, None, dilation)
     with torch.inference_mode():
-        reference = tc.conv1d_f16x3(hi, lo, x_inv, *args)
-        alone = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args)
+        reference = tc.conv1d_f16x3(hi, lo, x_inv, *args, products=products)
+        alone = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args, products=products)
         assert torch.equal(alone[0], reference[3])
         others = (
             f16_launch.Tiles(128, 64, 8, 2),
@@ -82,8 +85,24 @@ def test_every_launch_gives_the_same_bits(channels: int, ksize: int, dilation: i
         )
         for tiles in (f16_launch.LARGE, f16_launch.SMALL, *others):
             for split in (False, True):
-                out = tc.conv1d_f16x3(hi[3:4], lo[3:4], x_inv[3:4], *args, tiles=tiles, split=split)
+                out = tc.conv1d_f16x3(
+                    hi[3:4], lo[3:4], x_inv[3:4], *args, tiles=tiles, split=split, products=products
+                )
                 assert torch.equal(out[0], reference[3]), (tiles, split)
+
+
+def test_single_product_matches_the_reference_op() -> None:
+    """products=1 on the GPU is the CPU op's convolution of the float16 heads, to float32 round-off, and
+    within the heads' rounding of float64; the split writes no tails for it."""
+    x, w = layer_case(4, 256, 7, 3, 500)
+    packed, inverse = pack_split_weight_f16(w)
+    with torch.inference_mode():
+        ours = split_conv1d_f16(x, packed, inverse, None, 3, (6, 0), products=1)
+        reference = split_conv1d_f16(x.cpu(), packed.cpu(), inverse.cpu(), None, 3, (6, 0), products=1)
+    exact = F.conv1d(F.pad(x, (6, 0)).double(), w.double(), dilation=3)
+    errors = (rel_error(ours.cpu(), reference), rel_error(ours, exact))
+    print(f"fp16 single product: {errors[0]:.2e} against the CPU op, {errors[1]:.2e} against float64")
+    assert errors[0] <= 1e-5 and errors[1] <= 2e-3
 
 
 def test_split_kernels_match_the_reference_split() -> None:

@@ -406,3 +406,47 @@ def test_op_convolves_a_head_before_the_input(p: dict[str, int], pad: tuple[int,
     )
     with pytest.raises(ShapeError):
         split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, head=torch.cat([head, head]))
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=conv_shapes, pad=st.tuples(st.integers(0, 4), st.integers(0, 4)), log_scale=st.floats(-20, 20))
+def test_single_product_convolves_the_float16_heads(
+    p: dict[str, int], pad: tuple[int, int], log_scale: float
+) -> None:
+    """products=1 (the "fp16" precision) is the convolution of the scaled operands' float16 heads: it
+    equals a float64 convolution of exactly those heads to float32 round-off, lands within the heads'
+    11-bit rounding of the true convolution, and differs from the three-product result (the tails are
+    really dropped)."""
+    x, w, bias = conv_case(p)
+    x = x * 2.0**log_scale
+    packed, inverse = pack_split_weight_f16(w)
+    single = split_conv1d_f16(x, packed, inverse, bias, p["dilation"], pad, products=1)
+    padded = F.pad(x, pad)
+    heads, _, x_inverse = split_input_f16(padded)
+    x_heads = heads.float().transpose(1, 2)[:, : x.shape[1]] * x_inverse[:, None, None]
+    w_heads = (packed[0].float() * inverse[None, :, None]).permute(1, 2, 0)[:, : x.shape[1]]
+    assert relative_error(single, x_heads, w_heads.contiguous(), bias, p["dilation"]) <= 2e-6
+    assert relative_error(single, padded, w, bias, p["dilation"]) <= 2e-3
+    no_bias = (x, packed, inverse, None, p["dilation"], pad)  # a bias may round the difference away
+    assert not torch.equal(split_conv1d_f16(*no_bias, products=1), split_conv1d_f16(*no_bias))
+
+
+def test_single_product_is_chosen_by_precision_only_and_never_by_auto() -> None:
+    """``precision = "fp16"`` switches every conv layer to one product; "fp16x3" back to three; auto
+    never picks it."""
+    from streamdec.codecs.layers import SplitConv
+    from streamdec.codecs.precision import AUTO_PREFERENCE, check_precision
+
+    codec = load_codec("tiny")
+    codec.precision = "fp16"
+    convs = [m for m in codec.modules() if isinstance(m, SplitConv)]
+    assert convs and all(m.f16_products == 1 and m.split_enabled for m in convs)
+    codec.precision = "fp16x3"
+    assert all(m.f16_products == 3 for m in convs)
+    assert check_precision("fp16") == "fp16" and "fp16" not in AUTO_PREFERENCE
+    assert codec.use_auto_precision() == "fp32"  # the CPU: no kernel to run either
+    with pytest.raises(ShapeError, match="products"):
+        x, w, _ = conv_case(
+            {"batch": 1, "cin": 4, "cout": 6, "ksize": 3, "dilation": 1, "tout": 10, "bias": 0, "seed": 0}
+        )
+        split_conv1d_f16(x, *pack_split_weight_f16(w), None, 1, products=2)

@@ -131,10 +131,10 @@ def test_grouped_convolutions_refuse_tf32x3_and_change_nothing() -> None:
 
 def test_bad_precision_is_a_config_error() -> None:
     codec = load_codec("tiny")
-    with pytest.raises(ConfigError, match="'fp32', 'tf32x3', 'fp16x3', 'tf32'"):
-        codec.precision = "fp16"  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="'fp32', 'tf32x3', 'fp16x3', 'fp16', 'tf32'"):
+        codec.precision = "bf16"  # type: ignore[assignment]
     assert codec.precision == "fp32"
-    assert PRECISIONS == ("fp32", "tf32x3", "fp16x3", "tf32")
+    assert PRECISIONS == ("fp32", "tf32x3", "fp16x3", "fp16", "tf32")
 
 
 def test_foreign_convolutions_refuse_tf32x3_and_keep_fp32() -> None:

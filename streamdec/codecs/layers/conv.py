@@ -53,14 +53,17 @@ class SplitConv(nn.Module):
     f16_inverse: Tensor | None  # [Cout]: the power-of-two scale packed_f16 carries, inverted
     split_enabled = False
     split_f16 = False
+    f16_products = 3  # 1: the single-product "fp16" precision (float16 heads only)
 
     def _register_split_buffers(self) -> None:
         for name in ("split_weight", "packed_split", "packed_f16", "f16_inverse"):
             self.register_buffer(name, None, persistent=False)
 
-    def set_split(self, enabled: bool, *, f16: bool = False) -> None:
-        """Take the split path (``f16``: the float16 kernel where it can run this layer), or not."""
+    def set_split(self, enabled: bool, *, f16: bool = False, products: int = 3) -> None:
+        """Take the split path (``f16``: the float16 kernel where it can run this layer, multiplying
+        ``products`` times: 3 for ``"fp16x3"``, 1 for ``"fp16"``), or not."""
         self.split_enabled, self.split_f16 = enabled, enabled and f16
+        self.f16_products = products
         self.refresh_split()
 
     def refresh_split(self) -> None:
@@ -98,8 +101,9 @@ class SplitConv(nn.Module):
         if self.packed_f16 is not None:
             assert self.f16_inverse is not None  # set with packed_f16
             out: Tensor = split_conv1d_f16(
-                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases, head
-            )
+                x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases, head,
+                self.f16_products,
+            )  # fmt: skip
             return out
         assert self.packed_split is not None  # on_triton held
         if head is not None:

@@ -31,9 +31,10 @@ def all_convs_on_triton_split(module: nn.Module, *, f16: bool = False) -> bool:
     return bool(convs) and all(sub.packed_split is not None or sub.packed_f16 is not None for sub in convs)
 
 
-def set_split_convs(module: nn.Module, enabled: bool, *, f16: bool = False) -> None:
+def set_split_convs(module: nn.Module, enabled: bool, *, f16: bool = False, products: int = 3) -> None:
     """Switch every convolution in ``module`` to the split path (``f16``: the float16 kernel where a
-    layer can take it, ``"fp16x3"``; else ``"tf32x3"``), or back to plain.
+    layer can take it, ``"fp16x3"``, or with ``products=1`` ``"fp16"``; else ``"tf32x3"``), or back to
+    plain.
 
     Raises :class:`ConfigError` (and changes nothing) when enabling finds a convolution module that is
     not a :class:`SplitConv`: under the TF32 flag that split precision sets, it would silently run in TF32.
@@ -55,6 +56,6 @@ def set_split_convs(module: nn.Module, enabled: bool, *, f16: bool = False) -> N
             )
     for sub in module.modules():
         if isinstance(sub, SplitConv):
-            sub.set_split(enabled, f16=f16)
+            sub.set_split(enabled, f16=f16, products=products)
         elif isinstance(sub, AliasFreeActivation):
             sub.split_filters = enabled
