@@ -43,7 +43,7 @@ from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
 from .opus import opus_info
-from .probe import CapacityReport, measure_capacity, probe_margin
+from .probe import CapacityReport, engine_hold_lead, measure_capacity, probe_margin
 
 if TYPE_CHECKING:
     from streamdec.voice import Voice
@@ -152,7 +152,7 @@ class StreamServer:
             frame_rate=self.codec.sample_rate / self.codec.hop_size,
             sample_rate=self.codec.sample_rate,
             prebuffer=policy.prebuffer_s,
-            margin=probe_margin(decoder.mode, policy.prebuffer_s, policy.margin_s),
+            margin=probe_margin(decoder.mode, policy.prebuffer_s, policy.margin_s, engine_hold_lead(decoder)),
             hard_limit=self.admission.hard_limit,
         )
         self.capacity_report = report

@@ -27,7 +27,12 @@ cannot see (other processes on the host, the clients, handshakes of refused clie
 sends each ``min_emit`` frames as soon as they arrive, so while the engine keeps up its tiles arrive a
 whole prebuffer early: the margin is half the prebuffer. A halo stream holds ready frames back to decode
 larger windows until ``decode time + FlushPolicy.margin_s`` before its listener runs dry, so it aims for
-``margin_s`` (40 ms): the margin is half that.
+``margin_s`` (40 ms): the margin is half that. On a GPU the engine itself holds queued calls of a busy
+device until ``hold_lead`` (40 ms) before their deadlines, to batch them (``DecodeEngine``): its replays
+take a fraction of a chunk period, so under load every tile arrives about ``hold_lead`` early by design,
+and a stream's aim is at most that (:func:`engine_hold_lead`). On the CPU the probe keeps the margin of the
+prebuffer: admission there was verified under load with it (``docs/serving-capacity.md``), and the rest of
+the prebuffer covers a shared host's scheduling delay.
 
 A few streams say little about a GPU: they decode in small batches whose cost is mostly fixed (a step of
 16 streams costs two thirds of one of 64), and the engine holds their calls until shortly before their
@@ -59,6 +64,7 @@ __all__ = [
     "ListenerClock",
     "PacedChunks",
     "PacedRun",
+    "engine_hold_lead",
     "measure_capacity",
     "probe_margin",
     "replay_bound",
@@ -84,10 +90,27 @@ def start_offsets(streams: int, period: float) -> list[float]:
     return [i * spread / streams for i in range(streams)]
 
 
-def probe_margin(mode: str, prebuffer: float, flush_margin: float) -> float:
-    """Seconds a paced probe stream must keep in hand at every tile: half its session's aim (above)."""
+def probe_margin(mode: str, prebuffer: float, flush_margin: float, hold_lead: float | None = None) -> float:
+    """Seconds a paced probe stream must keep in hand at every tile: half its session's aim (above), at
+    most the engine's ``hold_lead`` where it holds work to that lead."""
     aim = prebuffer if mode == "stateful" else min(prebuffer, flush_margin)
+    if hold_lead is not None:
+        aim = min(aim, hold_lead)
     return PROBE_MARGIN_SHARE * aim
+
+
+def engine_hold_lead(decoder: object) -> float | None:
+    """The ``hold_lead`` of the decoder's engines where they hold work on a GPU (module docstring), else
+    None."""
+    leads = []
+    for member in getattr(decoder, "decoders", None) or [decoder]:
+        engine = getattr(member, "engine", None)
+        device = getattr(engine, "device", None)
+        lead = getattr(engine, "hold_lead", None)
+        if getattr(device, "type", None) != "cuda" or lead is None:
+            return None
+        leads.append(float(lead))
+    return min(leads) if leads else None
 
 
 class _Decoder(Protocol):

@@ -17,6 +17,7 @@ from streamdec.server.probe import (
     ListenerClock,
     PacedChunks,
     PacedRun,
+    engine_hold_lead,
     probe_margin,
     replay_bound,
     start_offsets,
@@ -89,6 +90,23 @@ def test_the_margin_is_half_what_the_session_aims_to_keep(mode: str, aim: float)
     until the flush margin before the deadline."""
     assert probe_margin(mode, 0.1, 0.04) == pytest.approx(PROBE_MARGIN_SHARE * aim)
     assert probe_margin("halo", 0.02, 0.04) == pytest.approx(PROBE_MARGIN_SHARE * 0.02)
+
+
+def test_an_engine_holding_work_on_a_gpu_caps_the_aim_at_its_hold_lead() -> None:
+    """A GPU engine holds a busy device's calls until hold_lead before their deadlines, so tiles of a
+    loaded engine arrive about that early: the margin is half of it, never more than without a hold. A
+    CPU engine, or one that does not hold, keeps the session's aim."""
+    assert probe_margin("stateful", 0.1, 0.04, 0.04) == pytest.approx(PROBE_MARGIN_SHARE * 0.04)
+    assert probe_margin("halo", 0.02, 0.04, 0.04) == pytest.approx(PROBE_MARGIN_SHARE * 0.02)
+    gpu = _Member(_ReplayEngine("cuda", {}))
+    gpu.engine.hold_lead = 0.04  # type: ignore[attr-defined]
+    assert engine_hold_lead(gpu) == 0.04
+    assert engine_hold_lead(_Group(gpu, gpu)) == 0.04
+    cpu = _Member(_ReplayEngine("cpu", {}))
+    cpu.engine.hold_lead = 0.04  # type: ignore[attr-defined]
+    assert engine_hold_lead(cpu) is None and engine_hold_lead(_Group(gpu, cpu)) is None
+    gpu.engine.hold_lead = None  # type: ignore[attr-defined]
+    assert engine_hold_lead(gpu) is None
 
 
 @pytest.mark.parametrize(
