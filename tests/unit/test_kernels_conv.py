@@ -19,15 +19,8 @@ from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polypha
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.conv import conv1d_split_tf32, split_conv1d
 from streamdec.kernels.split import pack_split_weight, split_tf32
-from support.conv_cases import (
-    assert_tiny_decodes_through,
-    conv_case,
-    conv_shapes,
-    count_calls,
-    needs_interpreter,
-    relative_error,
-    route_cpu_through_split,
-)
+from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
+from support.split_routing import assert_tiny_decodes_through, route_cpu_through_split
 
 
 @settings(max_examples=40, deadline=None)

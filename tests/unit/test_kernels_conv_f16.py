@@ -26,15 +26,8 @@ from streamdec.kernels.split import (
     pow2_scale,
     split_input_f16,
 )
-from support.conv_cases import (
-    assert_tiny_decodes_through,
-    conv_case,
-    conv_shapes,
-    count_calls,
-    needs_interpreter,
-    relative_error,
-    route_cpu_through_split,
-)
+from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
+from support.split_routing import assert_tiny_decodes_through, route_cpu_through_split
 
 finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
 
