@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs import hifigan
 from streamdec.codecs._random import init_snake
-from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
+from streamdec.codecs.config import Coercers, nested_ints
 from streamdec.codecs.geometry import Interval, hull, through
 from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
 from streamdec.codecs.stateful import Mean, Node, Seq, Stateless, layout_of
@@ -49,7 +49,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class BigVGANConfig(JSONConfig):
+class BigVGANConfig(hifigan.HiFiGANConfig):
     """The generator keys of a BigVGAN ``config.json`` (training keys are ignored by the reader).
 
     ``from_dict(data, ignore_unknown=True)`` reads a whole ``config.json``, which also holds training
@@ -149,10 +149,10 @@ class BigVGANGenerator(hifigan.HiFiGANGenerator):
     config: BigVGANConfig
 
     def __init__(self, name: str, config: BigVGANConfig) -> None:
-        super().__init__(name, config, latent_dim=config.num_mels, sample_rate=config.sampling_rate)
-        self.conv_pre = PaddedConv1d.centred(config.num_mels, config.upsample_initial_channel, 7)
         block = functools.partial(AMPBlock, cfg=config)
-        self.ups, self.resblocks, ch = hifigan.upsample_stages(config, block, nested_ups=True)
+        latents, rate = config.num_mels, config.sampling_rate
+        super().__init__(name, config, latent_dim=latents, sample_rate=rate, block=block, nested_ups=True)
+        ch = self.final_width
         self.activation_post = _act(ch, config)
         self.conv_post = PaddedConv1d.centred(ch, 1, 7, bias=config.use_bias_at_final)
 

