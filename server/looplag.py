@@ -12,9 +12,10 @@ and append ``self.loop_lag.render()`` to the ``/metrics`` text.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
 from dataclasses import dataclass, field
+
+from .metrics import Histogram
 
 __all__ = ["LAG_BUCKETS", "LoopLagMonitor"]
 
@@ -30,9 +31,7 @@ class LoopLagMonitor:
     interval: float = 0.01
     last: float = 0.0  # lag of the latest sample
     max_recent: float = 0.0  # largest lag since the previous render()
-    counts: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS))
-    total: float = 0.0
-    n: int = 0
+    histogram: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
     _task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -50,11 +49,7 @@ class LoopLagMonitor:
     def observe(self, lag: float) -> None:
         self.last = lag
         self.max_recent = max(self.max_recent, lag)
-        i = bisect.bisect_left(LAG_BUCKETS, lag)
-        if i < len(self.counts):
-            self.counts[i] += 1
-        self.total += lag
-        self.n += 1
+        self.histogram.observe(lag)
 
     async def _run(self) -> None:
         while True:
@@ -74,14 +69,6 @@ class LoopLagMonitor:
             f"{_NAME}_max {peak:.6f}",
             f"# HELP {_NAME} How late the event loop ran a timer (sampled every {self.interval:g} s).",
             f"# TYPE {_NAME} histogram",
-        ]
-        running = 0
-        for bound, count in zip(LAG_BUCKETS, self.counts, strict=True):
-            running += count
-            lines.append(f'{_NAME}_bucket{{le="{bound:g}"}} {running}')
-        lines += [
-            f'{_NAME}_bucket{{le="+Inf"}} {self.n}',
-            f"{_NAME}_sum {self.total:.6f}",
-            f"{_NAME}_count {self.n}",
+            *self.histogram.lines(_NAME),
         ]
         return "\n".join(lines) + "\n"

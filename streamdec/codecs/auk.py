@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, hull, residual, through
+from streamdec.codecs.hifigan import mean_of
 from streamdec.codecs.layers import AliasFreeActivation, CausalConvTranspose1d, PaddedConv1d
 from streamdec.codecs.stateful import Mean, Node, Residual, Seq, Stateless, layout_of
 from streamdec.errors import CodecError
@@ -121,12 +122,7 @@ class _Stage(nn.Module):
         return [cast(AMPBlock, b) for b in self.blocks]
 
     def forward(self, x: Tensor) -> Tensor:  # [B, Cin, T] -> [B, Cout, T*rate]
-        x = self.up(x)
-        blocks = self.amp_blocks()
-        out: Tensor = blocks[0](x)
-        for block in blocks[1:]:
-            out = out + block(x)
-        return out / len(blocks)
+        return mean_of(self.amp_blocks(), self.up(x))
 
     def input_interval(self, lo: int, hi: int) -> Interval:
         lo, hi = hull(block.input_interval(lo, hi) for block in self.amp_blocks())
@@ -146,13 +142,12 @@ class AuKDecoder(ConfiguredCodec):
 
     def __init__(self, name: str, config: AuKConfig) -> None:
         super().__init__(
-            name=name,
+            name,
+            config,
             latent_dim=config.latent_dim,
-            hop_size=config.hop_size,
             sample_rate=config.sample_rate,
             channels=config.audio_channels,
         )
-        self.config = config
         ch = config.channels
         self.conv_pre = PaddedConv1d.centred(config.latent_dim, ch[0], config.pre_kernel)
         self.stages = nn.ModuleList(

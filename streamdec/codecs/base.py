@@ -206,14 +206,27 @@ class Codec(nn.Module, abc.ABC):
 class ConfiguredCodec(Codec):
     """A family built from streamdec's layers whose whole architecture is one ``config_class`` instance.
 
-    Subclasses set ``config_class``, take ``(name, config)`` in ``__init__`` and keep the config in
-    ``self.config`` (annotated there with its own class). Then ``config_dict`` is ``config.to_dict()``,
+    Subclasses set ``config_class``, take ``(name, config)`` in ``__init__`` and pass them on with the
+    config's latent width, sample rate and audio channels (the hop is the config's ``hop_size``); the config
+    is kept in ``self.config`` (annotated there with its own class). Then ``config_dict`` is ``config.to_dict()``,
     ``from_config`` is ``cls(name, config_class.from_dict(config))`` (unknown keys are an error) and
     ``refresh_cache`` rebuilds every cached layer (:func:`~streamdec.codecs.layers.refresh_caches`).
     """
 
     config_class: ClassVar[type[JSONConfig]]
     config: JSONConfig
+
+    def __init__(
+        self, name: str, config: JSONConfig, *, latent_dim: int, sample_rate: int, channels: int = 1
+    ) -> None:
+        super().__init__(
+            name=name,
+            latent_dim=latent_dim,
+            hop_size=config.hop_size,
+            sample_rate=sample_rate,
+            channels=channels,
+        )
+        self.config = config
 
     def refresh_cache(self) -> None:
         refresh_caches(self)

@@ -21,6 +21,7 @@ checked against ours and dropped).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar, cast
@@ -28,12 +29,11 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor, nn
 
-from streamdec.codecs._random import init_conv, init_snake
-from streamdec.codecs.base import ConfiguredCodec
-from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
+from streamdec.codecs import hifigan
+from streamdec.codecs._random import init_snake
+from streamdec.codecs.config import Coercers, nested_ints
 from streamdec.codecs.geometry import Interval, hull, through
 from streamdec.codecs.layers import AliasFreeActivation, PaddedConv1d, PaddedConvTranspose1d, Snake, SnakeBeta
-from streamdec.codecs.residual import ResidualUnits
 from streamdec.codecs.stateful import Mean, Node, Seq, Stateless, layout_of
 from streamdec.errors import CodecError
 
@@ -49,7 +49,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class BigVGANConfig(JSONConfig):
+class BigVGANConfig(hifigan.HiFiGANConfig):
     """The generator keys of a BigVGAN ``config.json`` (training keys are ignored by the reader).
 
     ``from_dict(data, ignore_unknown=True)`` reads a whole ``config.json``, which also holds training
@@ -82,19 +82,10 @@ class BigVGANConfig(JSONConfig):
             raise CodecError(f"BigVGAN resblock={self.resblock!r}; it must be '1' or '2'")
         if self.activation not in ("snake", "snakebeta"):
             raise CodecError(f"BigVGAN activation={self.activation!r}; it must be 'snake' or 'snakebeta'")
-        for u, k in zip(self.upsample_rates, self.upsample_kernel_sizes, strict=True):
-            if k < u or (k - u) % 2:
-                raise CodecError(
-                    f"BigVGAN upsample kernel {k} with rate {u}: streamdec needs kernel >= rate and "
-                    f"kernel - rate even, so that each stage gives exactly T*rate samples"
-                )
+        hifigan.check_upsample_kernels(self.family_label, self)
 
     def _check_sizes(self) -> None:
-        if len(self.upsample_rates) != len(self.upsample_kernel_sizes) or not self.upsample_rates:
-            raise CodecError(
-                f"BigVGAN config has {len(self.upsample_rates)} upsample_rates and "
-                f"{len(self.upsample_kernel_sizes)} upsample_kernel_sizes; it needs the same, non-zero number"
-            )
+        hifigan.check_stage_sizes(self.family_label, self)
         if (
             len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes)
             or not self.resblock_kernel_sizes
@@ -107,11 +98,7 @@ class BigVGANConfig(JSONConfig):
         flat += [d for ds in self.resblock_dilation_sizes for d in ds]
         if min([*flat, self.num_mels, self.sampling_rate]) < 1 or not all(self.resblock_dilation_sizes):
             raise CodecError(f"BigVGAN config {self} has a non-positive size or an empty dilation list")
-        if self.upsample_initial_channel % 2 ** len(self.upsample_rates):
-            raise CodecError(
-                f"BigVGAN upsample_initial_channel={self.upsample_initial_channel} must be divisible by "
-                f"2^{len(self.upsample_rates)} (each stage halves the width)"
-            )
+        hifigan.check_width_halving(self.family_label, self)
 
     @property
     def hop_size(self) -> int:
@@ -136,32 +123,12 @@ def _act(channels: int, cfg: BigVGANConfig) -> AliasFreeActivation:
     return AliasFreeActivation(channels, causal=False, act=snake(channels, log_scale=cfg.snake_logscale))
 
 
-def _conv(channels: int, kernel: int, dilation: int) -> PaddedConv1d:
-    pad = (kernel * dilation - dilation) // 2  # BigVGAN's get_padding
-    return PaddedConv1d(channels, channels, kernel, dilation=dilation, pad_left=pad, pad_right=pad)
-
-
-class AMPBlock(ResidualUnits):
-    """AMPBlock1 (``convs1`` at the dilations, ``convs2`` at dilation 1) or AMPBlock2 (``convs`` only)."""
+class AMPBlock(hifigan.HiFiGANBlock):
+    """AMPBlock1 (``convs1`` at the dilations, ``convs2`` at dilation 1) or AMPBlock2 (``convs`` only),
+    each activation the alias-free one."""
 
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], cfg: BigVGANConfig) -> None:
-        super().__init__()
-        self.two_convs = cfg.resblock == "1"
-        if self.two_convs:
-            self.convs1 = nn.ModuleList(_conv(channels, kernel, d) for d in dilations)
-            self.convs2 = nn.ModuleList(_conv(channels, kernel, 1) for _ in dilations)
-        else:
-            self.convs = nn.ModuleList(_conv(channels, kernel, d) for d in dilations)
-        per_unit = 2 if self.two_convs else 1
-        self.activations = nn.ModuleList(_act(channels, cfg) for _ in range(per_unit * len(dilations)))
-
-    def units(self) -> list[list[nn.Module]]:
-        """The residual branches, in order: ``[act, conv1, act, conv2]`` or ``[act, conv]``."""
-        acts = list(self.activations)
-        if self.two_convs:
-            pairs = zip(self.convs1, self.convs2, strict=True)
-            return [[acts[2 * i], c1, acts[2 * i + 1], c2] for i, (c1, c2) in enumerate(pairs)]
-        return [[acts[i], c] for i, c in enumerate(self.convs)]
+        super().__init__(channels, kernel, dilations, cfg.resblock, lambda: _act(channels, cfg))
 
 
 class _Stage:
@@ -174,7 +141,7 @@ class _Stage:
         return self.up.input_interval(*hull(b.input_interval(lo, hi) for b in self.blocks))
 
 
-class BigVGANGenerator(ConfiguredCodec):
+class BigVGANGenerator(hifigan.HiFiGANGenerator):
     """The BigVGAN v2 generator (module docstring); build through :func:`streamdec.codecs.load_codec`."""
 
     family: ClassVar[str] = "bigvgan"
@@ -182,24 +149,10 @@ class BigVGANGenerator(ConfiguredCodec):
     config: BigVGANConfig
 
     def __init__(self, name: str, config: BigVGANConfig) -> None:
-        super().__init__(
-            name=name,
-            latent_dim=config.num_mels,
-            hop_size=config.hop_size,
-            sample_rate=config.sampling_rate,
-            channels=1,
-        )
-        self.config = config
-        ch0 = config.upsample_initial_channel
-        self.conv_pre = PaddedConv1d.centred(config.num_mels, ch0, 7)
-        self.ups = nn.ModuleList()
-        self.resblocks = nn.ModuleList()
-        for i, (u, k) in enumerate(zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True)):
-            cout = ch0 // 2 ** (i + 1)
-            self.ups.append(nn.ModuleList([PaddedConvTranspose1d(ch0 // 2**i, cout, k, u, (k - u) // 2)]))
-            pairs = zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True)
-            self.resblocks.extend(AMPBlock(cout, rk, ds, config) for rk, ds in pairs)
-        ch = ch0 // 2 ** len(config.upsample_rates)
+        block = functools.partial(AMPBlock, cfg=config)
+        latents, rate = config.num_mels, config.sampling_rate
+        super().__init__(name, config, latent_dim=latents, sample_rate=rate, block=block, nested_ups=True)
+        ch = self.final_width
         self.activation_post = _act(ch, config)
         self.conv_post = PaddedConv1d.centred(ch, 1, 7, bias=config.use_bias_at_final)
 
@@ -213,11 +166,7 @@ class BigVGANGenerator(ConfiguredCodec):
         """Mel ``[B, M, T]`` -> ``[B, 1, T*hop]``; ``clamp=False`` skips the final tanh or clamp."""
         x = self.conv_pre(x)
         for stage in self._stages():
-            x = stage.up(x)
-            out = stage.blocks[0](x)
-            for block in stage.blocks[1:]:
-                out = out + block(x)
-            x = out / len(stage.blocks)
+            x = hifigan.mean_of(stage.blocks, stage.up(x))
         x = self.conv_post(self.activation_post(x))
         if not clamp:
             return x
@@ -240,28 +189,12 @@ class BigVGANGenerator(ConfiguredCodec):
         ]
         return Seq([*layers, Stateless(final)])
 
-    @torch.no_grad()
-    def init_random(self, seed: int) -> None:
-        """Seeded random weights (conv N(0, gain^2/fan_in), residual gain 0.5, biases N(0, 0.02^2)).
-
-        Snake log-scales ``alpha ~ N(0, 0.3^2)``, ``beta ~ N(1, 0.3^2)`` (linear scales: ``exp`` of those).
-        No normalisation: BigVGAN takes log-mel spectrograms as they are.
-        """
-        gen = torch.Generator().manual_seed(seed)
+    def _init_activations(self, gen: torch.Generator) -> None:
+        """Snake log-scales ``alpha ~ N(0, 0.3^2)``, ``beta ~ N(1, 0.3^2)`` (linear scales: ``exp`` of
+        those). No normalisation: BigVGAN takes log-mel spectrograms as they are."""
         for module in self.modules():
             if isinstance(module, SnakeBeta):
                 init_snake(module, gen)
-        init_conv(self.conv_pre, 1.0, gen)
-        for stage in self._stages():
-            init_conv(stage.up, 1.0, gen)
-            for block in stage.blocks:
-                for unit in block.units():
-                    for j, conv in enumerate(unit[1::2]):
-                        init_conv(conv, 0.5 if j == len(unit) // 2 - 1 else 1.0, gen)
-        init_conv(self.conv_post, 0.3, gen)
-        self.global_mean.zero_()
-        self.global_log_std.fill_(1.0)
-        self.refresh_cache()
 
 
 def _clamp(x: Tensor) -> Tensor:

@@ -39,6 +39,11 @@ class JSONConfig:
     #: per-field coercion of JSON values; fields not named here go through :func:`int_or_ints`
     coercers: ClassVar[Coercers] = {}
 
+    @property
+    def hop_size(self) -> int:
+        """Audio samples per latent frame, as the family's architecture gives it."""
+        raise NotImplementedError
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(cast(Any, self))
 

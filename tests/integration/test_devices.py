@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import streamdec
 from streamdec.clients import connect
 from streamdec.server import ServerConfig, StreamServer
 from streamdec.server.devices import DecoderGroup
-from support.server_support import clip, http, offline
+from support.server_support import clip, http, offline, serve_command
 
 pytestmark = pytest.mark.timeout(180)
 SLOTS = 2
@@ -80,18 +79,7 @@ async def test_one_device_reports_no_device_list(codec: Any) -> None:
 
 def test_serve_refuses_devices_this_host_lacks() -> None:
     """`streamdec serve --devices all` with no CUDA device exits non-zero and says what to use instead."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamdec.cli",
-        "serve",
-        "--codec",
-        "tiny",
-        "--devices",
-        "all",
-        "--port",
-        "0",
-    ]
+    cmd = serve_command("tiny", "--devices", "all")
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=150, env={**env, "CUDA_VISIBLE_DEVICES": ""}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from streamdec.clients.cli import configure_stream, run_stream
 from streamdec.errors import ConfigError
 from streamdec.protocol import CodecInfo, Limits, OpusInfo, Ready
 from support.opus import lag, receive
-from support.server_support import clip, running_server, tiny_codec
+from support.server_support import clip, running_server, serve_command, tiny_codec
 
 pytestmark = pytest.mark.skipif(
     not libopus_available(), reason="needs the system's libopus: apt-get install libopus0"
@@ -78,18 +77,7 @@ async def test_the_stream_command_writes_opus_decoded_as_float_wav(tmp_path: Pat
 
 def test_serve_refuses_a_bitrate_libopus_would_not_honour() -> None:
     """`streamdec serve --opus-bitrate 1000` exits 2 with the range and the default."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamdec.cli",
-        "serve",
-        "--codec",
-        "tiny",
-        "--port",
-        "0",
-        "--opus-bitrate",
-        "1000",
-    ]
+    cmd = serve_command("tiny", "--opus-bitrate", "1000")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "[6000, 510000]" in proc.stderr and "56000" in proc.stderr

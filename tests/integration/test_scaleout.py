@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -23,7 +22,7 @@ import torch
 
 from streamdec.clients import RetryPolicy, open_stream_retrying, retryable
 from streamdec.errors import ServerError
-from support.server_support import clip, http, offline
+from support.server_support import clip, http, offline, serve_command
 
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
@@ -114,8 +113,7 @@ def _spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> sub
 
 def _replica(tmp_path: Path, name: str) -> Replica:
     log = tmp_path / f"{name}.log"
-    cmd = [sys.executable, "-m", "streamdec.cli", "serve", "--codec", "tiny", "--port", "0",
-           "--max-streams-total", str(SLOTS), "--grace", "240", "--idle-timeout", "240"]  # fmt: skip
+    cmd = serve_command("tiny", "--max-streams-total", str(SLOTS), "--grace", "240", "--idle-timeout", "240")
     return Replica(name, _spawn(cmd, log), log)
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 import streamdec
 from streamdec.engine.simulated import SimulatedCost, simulated_engine
-from support.server_support import http, next_json, raw, ready, running_server, start
+from support.server_support import http, next_json, raw, ready, running_server, serve_command, start
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -85,7 +84,7 @@ async def test_a_fast_engine_is_measured_through_paced_streams(codec: Any) -> No
 
 def _serve_startup(*extra: str) -> str:
     """`streamdec serve --codec tiny --port 0 EXTRA` up to the line with its URL, then stopped."""
-    cmd = [sys.executable, "-m", "streamdec.cli", "serve", "--codec", "tiny", "--port", "0", *extra]
+    cmd = serve_command("tiny", *extra)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("STREAMDEC_TOKEN", None)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

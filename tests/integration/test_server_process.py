@@ -13,7 +13,7 @@ import textwrap
 import anyio
 import pytest
 
-from support.server_support import http, raw, ready, start
+from support.server_support import http, raw, ready, serve_command, start
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,20 +47,8 @@ def _finish(proc: subprocess.Popen[str], lines: list[str]) -> str:
 
 async def test_a_second_sigterm_stops_at_once() -> None:
     """SIGTERM starts the grace period (healthz 503); a second SIGTERM exits without waiting for it."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamdec.cli",
-        "serve",
-        "--codec",
-        "dac-tiny",
-        "--port",
-        "0",
-        "--grace",
-        "300",
-        "--max-streams-total",  # a known capacity: what dac-tiny measures follows this machine's load
-        "2",
-    ]
+    # a known capacity (--max-streams-total): what dac-tiny measures follows this machine's load
+    cmd = serve_command("dac-tiny", "--grace", "300", "--max-streams-total", "2")
     proc, lines = _spawn(cmd), []
     try:
         port = await _port_of(proc, lines)

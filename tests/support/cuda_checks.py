@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from streamdec.codecs import Codec, load_codec
-from streamdec.engine.graphs import static_forward
+from streamdec.engine.graphs import CapturedGraph, static_forward
 
 # auk-24k's dense-conv shapes at one 70-frame window: (Cin = Cout, kernel, dilation, output samples)
 AUK_LAYERS = [(1536, 7, 1, 70), (768, 3, 1, 350), (768, 11, 5, 350), (384, 7, 3, 1400), (96, 11, 5, 8400)]
@@ -91,3 +91,12 @@ def captured_replay(
         graph.replay()
         torch.cuda.synchronize()
         return out, fn(x), eager
+
+
+def replay(graph: CapturedGraph, x: torch.Tensor) -> torch.Tensor:
+    """Write ``x`` into a captured decode's input, replay it and return a copy of its output."""
+    with torch.inference_mode():
+        graph.static_in.copy_(x)
+        graph.graph.replay()
+        torch.cuda.synchronize()
+        return graph.static_out.clone()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,11 @@ from streamdec.protocol import decode_audio_samples, encode_latents, parse_audio
 from streamdec.server import ServerConfig, StreamServer
 
 POISON = 1.0e4  # a latent value FailingEngine refuses to decode
+
+
+def serve_command(codec: str, *extra: str) -> list[str]:
+    """The argv of ``streamdec serve --codec CODEC --port 0 EXTRA`` in a subprocess of this interpreter."""
+    return [sys.executable, "-m", "streamdec.cli", "serve", "--codec", codec, "--port", "0", *extra]
 
 
 def tiny_codec() -> Any:

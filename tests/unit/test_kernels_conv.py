@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from streamdec.codecs import load_codec
-from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polyphase_weight, routing
+from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, polyphase_weight
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.conv import conv1d_split_tf32, split_conv1d
 from streamdec.kernels.split import pack_split_weight, split_tf32
 from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
+from support.split_routing import assert_tiny_decodes_through, route_cpu_through_split
 
 
 @settings(max_examples=40, deadline=None)
@@ -58,18 +59,12 @@ def test_bad_inputs_are_typed_errors() -> None:
         conv1d_split_tf32(x, x, packed[0], packed[1].double(), None, 1)
 
 
-def _route_cpu_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the CPU take the tf32x3 Triton-conv path, as a CUDA float32 input would with the kernel on."""
-    monkeypatch.setattr(routing, "triton_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(routing, "takes_split", lambda t: t.dtype == torch.float32)
-
-
 def test_tf32x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the kernel on, tf32x3 conv layers (transposed ones as polyphase convs) call the op; same decode."""
     codec = load_codec("tiny")
     z = torch.randn(1, 24, codec.latent_dim, generator=torch.Generator().manual_seed(1))
     plain = codec.decode(z)
-    _route_cpu_through_the_kernel(monkeypatch)
+    route_cpu_through_split(monkeypatch)
     codec.precision = "tf32x3"
     convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_split is not None and m.split_weight is None for m in convs)
@@ -118,10 +113,4 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     """The tiny codec in tf32x3 with every conv (transposed ones as phases) on the Triton kernel."""
     from streamdec.kernels import _triton_conv as tc
 
-    codec = load_codec("tiny")
-    z = torch.randn(1, 6, codec.latent_dim, generator=torch.Generator().manual_seed(2))
-    plain = codec.decode(z)
-    _route_cpu_through_the_kernel(monkeypatch)
-    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_tf32", tc.conv1d_split)
-    codec.precision = "tf32x3"
-    torch.testing.assert_close(codec.decode(z), plain, atol=1e-5, rtol=0)
+    assert_tiny_decodes_through(monkeypatch, "tf32x3", "conv1d_split_tf32", tc.conv1d_split)

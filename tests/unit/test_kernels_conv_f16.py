@@ -27,6 +27,7 @@ from streamdec.kernels.split import (
     split_input_f16,
 )
 from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
+from support.split_routing import assert_tiny_decodes_through, route_cpu_through_split
 
 finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
 
@@ -203,20 +204,13 @@ def test_bad_inputs_are_typed_errors() -> None:
         split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 8), phases=2)
 
 
-def _route_cpu_through_the_f16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the CPU take the fp16x3 path, as a CUDA float32 input on a GPU with TMA would."""
-    monkeypatch.setattr(routing, "triton_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(routing, "f16_conv_supported", lambda t: t.dtype == torch.float32)
-    monkeypatch.setattr(routing, "takes_split", lambda t: t.dtype == torch.float32)
-
-
 def test_fp16x3_layers_route_through_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the float16 kernel available, fp16x3 conv layers (transposed ones as polyphase convs) call its
     op and nothing else; the decode matches plain float32."""
     codec = load_codec("tiny")
     z = torch.randn(1, 24, codec.latent_dim, generator=torch.Generator().manual_seed(1))
     plain = codec.decode(z)
-    _route_cpu_through_the_f16_kernel(monkeypatch)
+    route_cpu_through_split(monkeypatch, f16=True)
     codec.precision = "fp16x3"
     convs = [m for m in codec.modules() if isinstance(m, PaddedConv1d | CausalConvTranspose1d)]
     assert all(m.packed_f16 is not None and m.packed_split is None and m.split_weight is None for m in convs)
@@ -235,7 +229,7 @@ def test_fused_activations_hand_their_peaks_to_the_convs_after_them(monkeypatch:
     codec = load_codec("tiny")
     z = torch.randn(2, 24, codec.latent_dim, generator=torch.Generator().manual_seed(4))
     plain = codec.decode(z)
-    _route_cpu_through_the_f16_kernel(monkeypatch)
+    route_cpu_through_split(monkeypatch, f16=True)
     monkeypatch.setattr(routing, "fused_supported", lambda t: t.dtype == torch.float32)
     codec.precision = "fp16x3"
     seen: list[tuple[bool, bool]] = []
@@ -257,7 +251,7 @@ def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     codec = load_codec("tiny")
-    _route_cpu_through_the_f16_kernel(monkeypatch)
+    route_cpu_through_split(monkeypatch, f16=True)
     assert codec.use_auto_precision() == "fp16x3" and codec.precision == "fp16x3"
     monkeypatch.setattr(routing, "f16_conv_supported", lambda t: False)  # a GPU without TMA
     assert codec.use_auto_precision() == "tf32x3"  # every layer on the TF32 kernel
@@ -374,11 +368,6 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
     """The tiny codec in fp16x3 with every conv (transposed ones as phases) on the interpreted kernels."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
-    codec = load_codec("tiny")
-    z = torch.randn(1, 6, codec.latent_dim, generator=torch.Generator().manual_seed(2))
-    plain = codec.decode(z)
-    _route_cpu_through_the_f16_kernel(monkeypatch)
-
     def interpreted(
         x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
         bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
@@ -387,9 +376,7 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
         parts = tc.split_f16(x, pad_left, pad_right, peak)
         return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases)
 
-    monkeypatch.setattr(torch.ops.streamdec, "conv1d_split_f16", interpreted)
-    codec.precision = "fp16x3"
-    torch.testing.assert_close(codec.decode(z), plain, atol=1e-5, rtol=0)
+    assert_tiny_decodes_through(monkeypatch, "fp16x3", "conv1d_split_f16", interpreted)
 
 
 @settings(max_examples=25, deadline=None)

@@ -9,6 +9,9 @@ from hypothesis import strategies as st
 from streamdec.errors import ConfigError
 from streamdec.planning import StreamPlanner, Window, default_window_sizes, emission_sizes, plan_tiles
 
+# a codec's exact context (left, right) in frames, for the properties that draw one
+CONTEXTS = {"left": st.integers(0, 60), "right": st.integers(0, 12)}
+
 
 @pytest.mark.parametrize(
     ("args", "expected"),
@@ -51,8 +54,7 @@ def _check_exact(windows: list[tuple[int, int, int, int]], frames: int, left: in
 @settings(max_examples=300, deadline=None)
 @given(
     frames=st.integers(1, 3000),
-    left=st.integers(0, 60),
-    right=st.integers(0, 12),
+    **CONTEXTS,
     extra=st.integers(1, 600),
     sizes=st.lists(st.integers(1, 700), max_size=4),
 )
@@ -104,8 +106,7 @@ def _run_planner(
 
 @settings(max_examples=400, deadline=None)
 @given(
-    left=st.integers(0, 60),
-    right=st.integers(0, 12),
+    **CONTEXTS,
     min_emit=st.integers(1, 16),
     grow=st.integers(0, 5),
     arrivals=st.lists(st.integers(0, 150), max_size=40),

@@ -25,7 +25,6 @@ from streamdec.protocol import (
     CLOSE_CODES,
     LATENT_HEADER,
     CloseCode,
-    CodecInfo,
     Done,
     End,
     ErrorCode,
@@ -41,9 +40,8 @@ from streamdec.protocol import (
     parse_audio,
     parse_client_text,
 )
+from support.protocol_cases import CODEC, DIM
 
-DIM = 4
-CODEC = CodecInfo(name="toy", latent_dim=DIM, hop_size=3, sample_rate=24000, channels=2, context=(5, 2))
 LIMITS = Limits(max_streams=2, max_frames_per_message=8).resolved(DIM)
 
 

@@ -29,9 +29,7 @@ from streamdec.protocol import (
     parse_client_text,
     parse_server_text,
 )
-
-DIM = 4
-CODEC = CodecInfo(name="toy", latent_dim=DIM, hop_size=3, sample_rate=24000, channels=2, context=(5, 2))
+from support.protocol_cases import CODEC, DIM
 
 stream_ids = st.integers(0, MAX_STREAM_ID)
 counts = st.integers(0, 2**40)
