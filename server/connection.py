@@ -25,6 +25,7 @@ for the decoder exactly as a client's would, bounded by ``max_buffered_frames``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -38,7 +39,6 @@ import anyio
 import numpy as np
 import torch
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
@@ -162,49 +162,76 @@ class _Intake:
     For a client's latents, unbounded as a queue because ServerState bounds it in frames
     (``max_buffered_frames``): the reader must never wait here. For a voice's (``capacity`` chunks), the
     speaker waits in :meth:`feed` for room.
+
+    A deque and at most one waiting future each way, not a memory object stream: a chunk that is already
+    here is taken without a trip through the event loop (anyio's ``receive`` yields once per item), and
+    the reader hands a chunk over in a few attribute operations. It runs for every latent message.
     """
 
     def __init__(self, state: ServerState, stream: int, capacity: float = math.inf) -> None:
-        self._in: MemoryObjectSendStream[torch.Tensor]
-        self._out: MemoryObjectReceiveStream[torch.Tensor]
-        self._in, self._out = anyio.create_memory_object_stream[torch.Tensor](capacity)
+        self._chunks: deque[torch.Tensor] = deque()
+        self._capacity = capacity
+        self._ended = False  # no more input: the decoder takes what is here, then the iteration ends
+        self._closed = False  # gone: nothing more is taken or handed out
+        self._taker: asyncio.Future[None] | None = None  # the decoder, waiting for a chunk
+        self._feeder: asyncio.Future[None] | None = None  # the voice, waiting for room
         self._state, self._stream = state, stream
 
     def put(self, latents: torch.Tensor) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._in.send_nowait(latents)  # a stream that ended meanwhile: its done tells the client
+        if self._ended or self._closed:
+            return  # a stream that ended meanwhile: its done tells the client
+        self._chunks.append(latents)
+        _wake(self._taker)
 
     async def feed(self, latents: torch.Tensor) -> None:
         """The server's own producer (a voice): waits for room; raises once the stream has ended."""
-        await self._in.send(latents)
+        while len(self._chunks) >= self._capacity and not (self._ended or self._closed):
+            self._feeder = asyncio.get_running_loop().create_future()
+            await self._feeder
+        if self._closed:
+            raise anyio.BrokenResourceError
+        if self._ended:
+            raise anyio.ClosedResourceError
+        self.put(latents)
         self._state.produced(self._stream, int(latents.shape[0]))
 
     def end(self) -> None:
-        self._in.close()
+        self._ended = True
+        _wake(self._taker)
+        _wake(self._feeder)
 
     def close(self) -> None:
-        self._in.close()
-        self._out.close()
+        self._ended = self._closed = True
+        self._chunks.clear()
+        _wake(self._taker)
+        _wake(self._feeder)
 
     def __aiter__(self) -> _Intake:
         return self
 
     def take_ready(self) -> torch.Tensor | None:
         """A chunk already received, or None (none at hand, or the stream ended); never waits."""
-        try:
-            latents = self._out.receive_nowait()
-        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+        if not self._chunks:
             return None
+        latents = self._chunks.popleft()
+        _wake(self._feeder)
         self._state.consumed(self._stream, int(latents.shape[0]))
         return latents
 
     async def __anext__(self) -> torch.Tensor:
-        try:
-            latents = await self._out.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-        self._state.consumed(self._stream, int(latents.shape[0]))
+        while not self._chunks:
+            if self._ended:
+                raise StopAsyncIteration
+            self._taker = asyncio.get_running_loop().create_future()
+            await self._taker
+        latents = self.take_ready()
+        assert latents is not None
         return latents
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass(eq=False)
