@@ -87,9 +87,6 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                              "or a Piper .onnx file) turns into latents for its own decoder, the codec")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
-    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
-                        help="event loop: asyncio (default) or uvloop (the `fast` extra: `pip install "
-                             "streamdec[fast]`), which spends less CPU per message")  # fmt: skip
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -110,22 +107,8 @@ def run_serve(args: argparse.Namespace) -> int:
         send_timeout=args.send_timeout,
         opus_bitrate=args.opus_bitrate,
     )
-    anyio.run(_serve, args, config, backend_options={"use_uvloop": _uvloop(args.loop)})
+    anyio.run(_serve, args, config)
     return 0
-
-
-def _uvloop(loop: str) -> bool:
-    """True for ``--loop uvloop``, once it is clear that uvloop is installed."""
-    if loop != "uvloop":
-        return False
-    try:
-        import uvloop  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(
-            "--loop uvloop needs uvloop: `pip install 'streamdec[fast]'` (or `pip install uvloop`), or drop "
-            "--loop to use asyncio's own loop"
-        ) from exc
-    return True
 
 
 async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
