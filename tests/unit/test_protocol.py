@@ -315,7 +315,9 @@ def test_random_frames_raise_only_protocol_errors(data: bytes | str, prefix: boo
     assert len(s.stream_ids()) <= LIMITS.max_streams
 
 
-_SAMPLES = st.floats(-3.0, 3.0, width=32) | st.sampled_from([-1.0, 1.0, 0.5 / 32767, 1.5 / 32767, -2.5 / 32767])
+_SAMPLES = st.floats(-3.0, 3.0, width=32) | st.sampled_from(
+    [-1.0, 1.0, 0.5 / 32767, 1.5 / 32767, -2.5 / 32767]
+)
 
 
 @settings(max_examples=60, deadline=None)
