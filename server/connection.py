@@ -25,6 +25,7 @@ for the decoder exactly as a client's would, bounded by ``max_buffered_frames``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -35,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import numpy as np
 import torch
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
@@ -69,6 +70,8 @@ __all__ = ["Connection"]
 log = logging.getLogger("streamdec.server")
 
 Status = Literal["completed", "cancelled", "error"]
+#: the largest header websockets puts before a server's (unmasked) binary frame
+_FRAME_HEADER_MAX = 10
 
 
 class _Backlog:
@@ -114,16 +117,25 @@ class _Outbox:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._items: deque[Any] = deque()
-        self._changed = anyio.Event()
+        self._changed: anyio.Event | None = None  # made only while someone waits: most puts wake nobody
         self.closed = False
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _wait(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
 
     async def put_audio(self, data: bytes) -> None:
         while len(self._items) >= self.limit and not self.closed:
-            await self._changed.wait()
+            await self._wait()
         self.put_control(data)
 
     def put_control(self, item: Any) -> None:
@@ -134,7 +146,7 @@ class _Outbox:
 
     async def get(self) -> Any:
         while not self._items:
-            await self._changed.wait()
+            await self._wait()
         item = self._items.popleft()
         self._notify()
         return item
@@ -150,49 +162,76 @@ class _Intake:
     For a client's latents, unbounded as a queue because ServerState bounds it in frames
     (``max_buffered_frames``): the reader must never wait here. For a voice's (``capacity`` chunks), the
     speaker waits in :meth:`feed` for room.
+
+    A deque and at most one waiting future each way, not a memory object stream: a chunk that is already
+    here is taken without a trip through the event loop (anyio's ``receive`` yields once per item), and
+    the reader hands a chunk over in a few attribute operations. It runs for every latent message.
     """
 
     def __init__(self, state: ServerState, stream: int, capacity: float = math.inf) -> None:
-        self._in: MemoryObjectSendStream[torch.Tensor]
-        self._out: MemoryObjectReceiveStream[torch.Tensor]
-        self._in, self._out = anyio.create_memory_object_stream[torch.Tensor](capacity)
+        self._chunks: deque[torch.Tensor] = deque()
+        self._capacity = capacity
+        self._ended = False  # no more input: the decoder takes what is here, then the iteration ends
+        self._closed = False  # gone: nothing more is taken or handed out
+        self._taker: asyncio.Future[None] | None = None  # the decoder, waiting for a chunk
+        self._feeder: asyncio.Future[None] | None = None  # the voice, waiting for room
         self._state, self._stream = state, stream
 
     def put(self, latents: torch.Tensor) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._in.send_nowait(latents)  # a stream that ended meanwhile: its done tells the client
+        if self._ended or self._closed:
+            return  # a stream that ended meanwhile: its done tells the client
+        self._chunks.append(latents)
+        _wake(self._taker)
 
     async def feed(self, latents: torch.Tensor) -> None:
         """The server's own producer (a voice): waits for room; raises once the stream has ended."""
-        await self._in.send(latents)
+        while len(self._chunks) >= self._capacity and not (self._ended or self._closed):
+            self._feeder = asyncio.get_running_loop().create_future()
+            await self._feeder
+        if self._closed:
+            raise anyio.BrokenResourceError
+        if self._ended:
+            raise anyio.ClosedResourceError
+        self.put(latents)
         self._state.produced(self._stream, int(latents.shape[0]))
 
     def end(self) -> None:
-        self._in.close()
+        self._ended = True
+        _wake(self._taker)
+        _wake(self._feeder)
 
     def close(self) -> None:
-        self._in.close()
-        self._out.close()
+        self._ended = self._closed = True
+        self._chunks.clear()
+        _wake(self._taker)
+        _wake(self._feeder)
 
     def __aiter__(self) -> _Intake:
         return self
 
     def take_ready(self) -> torch.Tensor | None:
         """A chunk already received, or None (none at hand, or the stream ended); never waits."""
-        try:
-            latents = self._out.receive_nowait()
-        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+        if not self._chunks:
             return None
+        latents = self._chunks.popleft()
+        _wake(self._feeder)
         self._state.consumed(self._stream, int(latents.shape[0]))
         return latents
 
     async def __anext__(self) -> torch.Tensor:
-        try:
-            latents = await self._out.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
-        self._state.consumed(self._stream, int(latents.shape[0]))
+        while not self._chunks:
+            if self._ended:
+                raise StopAsyncIteration
+            self._taker = asyncio.get_running_loop().create_future()
+            await self._taker
+        latents = self.take_ready()
+        assert latents is not None
         return latents
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass(eq=False)
@@ -239,6 +278,8 @@ class Connection:
         self.last_activity = time.monotonic()
         self._tg: TaskGroup | None = None
         self._fatal: _CloseWith | None = None  # set when the connection must close with an error
+        self._sending = False  # a send is under way (the writer's or a stream's): others queue behind it
+        self._backlog = _Backlog(self.config.send_timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -322,23 +363,57 @@ class Connection:
 
     async def _writer(self) -> None:
         """Sends the outbox in order; a backlog that made no progress for ``send_timeout`` means overloaded."""
-        timeout, metrics = self.config.send_timeout, self.server.metrics
-        backlog = _Backlog(timeout)
+        timeout = self.config.send_timeout
         while True:
             item = await self.outbox.get()
+            self._sending = True  # from the moment it left the outbox: nothing may overtake it
             if isinstance(item, _GoingAway):
                 await self.ws.close(1001, "server shutting down")
                 return
             data = item if isinstance(item, bytes) else encode_text(item)
-            left = backlog.seconds_left(self.ws.transport.get_write_buffer_size(), time.monotonic())
+            left = self._backlog.seconds_left(self.ws.transport.get_write_buffer_size(), time.monotonic())
+            if self._fits(len(data)):
+                await self.ws.send(data)  # returns without waiting: the transport stays below its limit
+                self._sent(data)
+                continue
             with anyio.move_on_after(left) as scope:
                 await self.ws.send(data)
-            backlog.sent(self.ws.transport.get_write_buffer_size())
             if scope.cancelled_caught:
                 raise _CloseWith(
                     ErrorCode.OVERLOADED, f"listener too slow: nothing was read for {timeout:g} s"
                 )
-            metrics.bytes_out += len(data)
+            self._sent(data)
+
+    def _fits(self, size: int) -> bool:
+        """True when a message of ``size`` bytes cannot make ``send`` wait: the transport's buffer stays
+        within the write limit, so it is never paused (``send`` waits only while it is)."""
+        buffered = self.ws.transport.get_write_buffer_size()
+        return buffered + size + _FRAME_HEADER_MAX <= self.config.write_limit
+
+    def _sent(self, data: bytes | str) -> None:
+        self._sending = False
+        self._backlog.sent(self.ws.transport.get_write_buffer_size())
+        self.server.metrics.bytes_out += len(data)
+
+    async def _put_audio(self, data: bytes) -> None:
+        """Send an audio message now when nothing is queued before it and the send cannot wait (the usual
+        case: no hop through the outbox and the writer task); else queue it behind the rest."""
+        if (
+            self._sending
+            or self.outbox
+            or self.ws.protocol.state is not State.OPEN
+            or not self._fits(len(data))
+        ):
+            await self.outbox.put_audio(data)
+            return
+        self._sending = True
+        try:
+            await self.ws.send(data)
+        except ConnectionClosed:
+            return  # the reader sees the close and ends the connection
+        finally:
+            self._sending = False
+        self._sent(data)
 
     def _error(self, exc: BaseException, stream: int | None, retry_after_ms: int | None = None) -> None:
         code = error_code_for(exc)
@@ -480,13 +555,15 @@ class Connection:
             stack.callback(stream.speaker.cancel)  # and its voice stops making latents
             stack.enter_context(stream.scope)
             try:
-                async with self.server.decoder.decode_tiles(stream.intake, allow_non_finite=False) as tiles:
+                # allow_non_finite: ServerState checked every latent message already, and _send_audio checks
+                # the audio, so the session skips its own scans (each a pass over the data per message)
+                async with self.server.decoder.decode_tiles(stream.intake, allow_non_finite=True) as tiles:
                     async for tile in tiles:
                         await self._send_audio(stream, tile.samples)
                 if stream.opus is not None and stream.stop_status is None:
                     # the padded last frame; n_samples 0: the headers already counted every real sample
                     tail = await anyio.to_thread.run_sync(stream.opus.flush)
-                    await self.outbox.put_audio(self.state.encoded_audio(stream.id, 0, tail))
+                    await self._put_audio(self.state.encoded_audio(stream.id, 0, tail))
             except Exception as exc:  # bad input or engine failure: this stream only
                 failure = exc
                 self.state.close_input(stream.id)
@@ -494,7 +571,8 @@ class Connection:
         return status, stream.failure or failure
 
     async def _send_audio(self, stream: _Stream, samples: torch.Tensor) -> None:
-        if not bool(torch.isfinite(samples).all()):
+        # one float64 sum is finite exactly when every float32 sample is (it cannot overflow)
+        if not np.isfinite(samples.numpy().sum(dtype=np.float64)):
             # Finite latents that overflow inside the codec: NaN on the wire would play as silence or
             # noise with no word; s16 would silently be zeros. The library's typed error, when the engine
             # raises it first, takes the same path.
@@ -510,6 +588,6 @@ class Connection:
             # in a worker thread: encoding takes about 2 % of the audio's duration, which the event loop
             # (keepalive, cancel, every other stream) would otherwise wait through, per stream
             payload = await anyio.to_thread.run_sync(stream.opus.encode, samples)
-            await self.outbox.put_audio(self.state.encoded_audio(stream.id, int(samples.shape[1]), payload))
+            await self._put_audio(self.state.encoded_audio(stream.id, int(samples.shape[1]), payload))
         else:
-            await self.outbox.put_audio(self.state.audio(stream.id, samples))
+            await self._put_audio(self.state.audio(stream.id, samples))

@@ -45,6 +45,7 @@ __all__ = [
     "StreamSession",
     "Tile",
     "as_latents",
+    "latents_array",
 ]
 
 #: weight of the newest decode time in a stream's moving average of its submit-to-result time
@@ -136,43 +137,61 @@ class Job:
 
 def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -> torch.Tensor:
     """Validate one chunk (array or tensor, ``[T, D]`` or ``[1, T, D]``) into a float32 CPU ``[T, D]`` tensor."""
+    array = latents_array(chunk, latent_dim, allow_non_finite=allow_non_finite)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def latents_array(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -> np.ndarray:
+    """:func:`as_latents` as a float32 numpy ``[T, D]`` array (which may share the chunk's memory).
+
+    Sessions buffer numpy arrays: the few operations a chunk goes through cost about a microsecond each in
+    numpy and several in torch, and a server runs them for every message of every stream.
+    """
     if isinstance(chunk, np.ndarray):
         if not np.issubdtype(chunk.dtype, np.floating):
             raise DTypeError(
                 f"latent chunk has dtype {chunk.dtype}: expected a floating dtype (float16/32/64); "
                 "cast with .astype(np.float32)"
             )
-        tensor = torch.from_numpy(np.ascontiguousarray(chunk))
+        array = chunk
     elif isinstance(chunk, torch.Tensor):
-        tensor = chunk
-        if not tensor.is_floating_point():
-            raise DTypeError(
-                f"latent chunk has dtype {tensor.dtype}: expected a floating dtype; cast with .float()"
-            )
+        array = _tensor_array(chunk)
     else:
         raise DTypeError(f"latent chunk is a {type(chunk).__name__}: expected a numpy array or torch tensor")
+    if array.ndim == 3 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 2 or array.shape[1] != latent_dim:
+        raise ShapeError(
+            f"latent chunk has shape {tuple(array.shape)}: expected [T, {latent_dim}] or [1, T, {latent_dim}] "
+            f"(frames first, latent_dim={latent_dim} last)"
+        )
+    if array.dtype != np.float32:
+        array = array.astype(np.float32)
+    # One float64 sum is finite exactly when every float32 element is (it cannot overflow), and costs a
+    # few microseconds against tens for an elementwise isfinite on a small chunk.
+    if not allow_non_finite and array.size and not np.isfinite(array.sum(dtype=np.float64)):
+        bad = int(np.flatnonzero(~np.isfinite(array).all(axis=1))[0])
+        raise NonFiniteError(
+            f"latent chunk holds NaN or Inf (first at frame {bad} of {array.shape[0]}): fix the producer, "
+            "or pass allow_non_finite=True to decode it anyway"
+        )
+    return array
+
+
+def _tensor_array(tensor: torch.Tensor) -> np.ndarray:
+    """A floating tensor's values as numpy (float32 where numpy lacks its dtype), on the CPU."""
+    if not tensor.is_floating_point():
+        raise DTypeError(
+            f"latent chunk has dtype {tensor.dtype}: expected a floating dtype; cast with .float()"
+        )
     if tensor.device.type == "meta":
         raise InputError(
             f"latent chunk of shape {tuple(tensor.shape)} is on the meta device and holds no data: "
             "materialise it (e.g. on 'cpu') before streaming"
         )
-    if tensor.dim() == 3 and tensor.shape[0] == 1:
-        tensor = tensor[0]
-    if tensor.dim() != 2 or tensor.shape[1] != latent_dim:
-        raise ShapeError(
-            f"latent chunk has shape {tuple(tensor.shape)}: expected [T, {latent_dim}] or [1, T, {latent_dim}] "
-            f"(frames first, latent_dim={latent_dim} last)"
-        )
-    tensor = tensor.detach().to(device="cpu", dtype=torch.float32)
-    # One float64 sum is finite exactly when every float32 element is (it cannot overflow), and costs a
-    # few microseconds against tens for an elementwise isfinite on a small chunk.
-    if not allow_non_finite and tensor.numel() and not np.isfinite(tensor.numpy().sum(dtype=np.float64)):
-        bad = int((~torch.isfinite(tensor)).any(dim=1).nonzero()[0])
-        raise NonFiniteError(
-            f"latent chunk holds NaN or Inf (first at frame {bad} of {tensor.shape[0]}): fix the producer, "
-            "or pass allow_non_finite=True to decode it anyway"
-        )
-    return tensor
+    if tensor.device.type != "cpu" or tensor.requires_grad or tensor.dtype == torch.bfloat16:
+        tensor = tensor.detach().to(device="cpu", dtype=torch.float32)
+    return tensor.numpy()
 
 
 class SessionOptions(TypedDict):
@@ -194,7 +213,7 @@ class _Intake:
     latent_dim: int
     hop_size: int
     allow_non_finite: bool
-    _buf: torch.Tensor
+    _buf: np.ndarray  # [frames, latent_dim] float32
     received: int
     ended: bool
     completed_frames: int
@@ -214,7 +233,7 @@ class _Intake:
         self.latent_dim = latent_dim
         self.hop_size = hop_size
         self.allow_non_finite = allow_non_finite
-        self._buf = torch.empty(0, latent_dim)  # latents not yet dropped, up to `received`
+        self._buf = np.empty((0, latent_dim), np.float32)  # latents not yet dropped, up to `received`
         self.received = 0
         self.ended = False
         self.completed_frames = 0  # frames whose audio went out in tiles
@@ -264,11 +283,13 @@ class _Intake:
             raise StreamEndedError(
                 f"chunk fed after the stream ended at frame {self.received}: start a new stream"
             )
-        latents = as_latents(chunk, self.latent_dim, allow_non_finite=self.allow_non_finite)
-        if latents.shape[0]:
-            self._buf = torch.cat([self._buf, latents])
-            self.received += int(latents.shape[0])
-        return int(latents.shape[0])
+        latents = latents_array(chunk, self.latent_dim, allow_non_finite=self.allow_non_finite)
+        frames = int(latents.shape[0])
+        if frames:
+            # a copy either way: the buffer never shares memory with the caller's chunk
+            self._buf = np.concatenate([self._buf, latents]) if len(self._buf) else latents.copy()
+            self.received += frames
+        return frames
 
     def end(self) -> None:
         """No more chunks: every remaining frame becomes due. Idempotent."""
@@ -306,7 +327,7 @@ class StreamSession(_Intake):
             flush_policy=flush_policy, sample_rate=sample_rate,
         )  # fmt: skip
         self.planner = planner
-        self._pad = pad_latent.detach().to("cpu", torch.float32)
+        self._pad = pad_latent.detach().to("cpu", torch.float32).numpy()
         self._base = 0  # the frame `_buf` starts at
 
     # -- planning ----------------------------------------------------------------------------------
@@ -344,13 +365,15 @@ class StreamSession(_Intake):
         real = self._buf[start:real_end]
         missing = window.window_frames - int(real.shape[0])
         if missing == 0:
-            return real.clone()
-        return torch.cat([real, self._pad.expand(missing, self.latent_dim)])
+            return torch.from_numpy(real.copy())
+        return torch.from_numpy(
+            np.concatenate([real, np.broadcast_to(self._pad, (missing, self.latent_dim))])
+        )
 
     def _drop_before(self, frame: int) -> None:
         drop = frame - self._base
         if drop > 0:
-            self._buf = self._buf[drop:].clone()
+            self._buf = self._buf[drop:].copy()
             self._base = frame
 
     # -- output ------------------------------------------------------------------------------------
@@ -504,7 +527,7 @@ class StatefulSession(_Intake):
     def _cut(
         self, kind: Literal["prime", "step", "flush", "whole"], frames: int, emit: int | None
     ) -> StepJob:
-        latents = self._buf[:frames].clone()
+        latents = torch.from_numpy(self._buf[:frames].copy())
         self._buf = self._buf[frames:]
         start = self.fed - (self.policy.right_frames if self.primed else 0)
         if kind == "prime":

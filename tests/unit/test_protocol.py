@@ -311,3 +311,46 @@ def test_random_frames_raise_only_protocol_errors(data: bytes | str, prefix: boo
     except ProtocolError as exc:
         assert exc.code in {c.value for c in ErrorCode}
     assert len(s.stream_ids()) <= LIMITS.max_streams
+
+
+_SAMPLES = st.floats(-3.0, 3.0, width=32) | st.sampled_from(
+    [-1.0, 1.0, 0.5 / 32767, 1.5 / 32767, -2.5 / 32767]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(channels=st.integers(1, 3), values=st.lists(_SAMPLES, min_size=0, max_size=24))
+def test_s16_audio_equals_the_torch_conversion_byte_for_byte(channels: int, values: list[float]) -> None:
+    """The numpy pcm_s16le payload is byte for byte streamdec.io.pcm16 (torch), halves and clipping included."""
+    from streamdec.io import pcm16
+
+    n = len(values) // channels
+    samples = torch.tensor(values[: n * channels], dtype=torch.float32).reshape(channels, n)
+    data = encode_audio(1, 0, 0, samples, "pcm_s16le")
+    assert data[AUDIO_HEADER.size :] == pcm16(samples)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("row", [0, 3])
+def test_non_finite_latents_name_their_frame_in_every_dtype(dtype: str, row: int) -> None:
+    """NaN or Inf in any dtype is refused as non_finite, naming the first bad frame of the stream."""
+    s = state()
+    start(s, 1, dtype=dtype)
+    s.receive_binary(encode_latents(1, 0, torch.zeros(2, DIM), dtype))
+    latents = torch.zeros(4, DIM)
+    latents[row, 1] = float("inf")
+    latents[3, 0] = float("nan")
+    with raises_code(ErrorCode.NON_FINITE, 1) as caught:
+        s.receive_binary(encode_latents(1, 1, latents, dtype))
+    assert f"latent frame {2 + row} (message seq 1, row {row})" in str(caught.value)
+
+
+def test_received_latents_own_writable_memory() -> None:
+    """A latent message's tensor owns its memory: writable, and not a view of the received bytes."""
+    s = state()
+    start(s, 1)
+    data = bytearray(encode_latents(1, 0, torch.ones(2, DIM)))
+    latents = s.receive_binary(data).latents
+    data[LATENT_HEADER.size :] = bytes(len(data) - LATENT_HEADER.size)
+    latents += 1  # would warn (and so fail here) on a read-only buffer
+    assert torch.equal(latents, torch.full((2, DIM), 2.0))

@@ -78,3 +78,33 @@ def test_pad_latent_shape_checked() -> None:
         StreamSession(
             StreamPlanner(1, 1, min_emit=1, max_emit=1), latent_dim=D, hop_size=3, pad_latent=torch.zeros(3)
         )
+
+
+@pytest.mark.parametrize("kind", ["tensor", "array"])
+def test_a_fed_chunk_is_copied_not_kept(kind: str) -> None:
+    """Changing a chunk after feeding it changes nothing: the session buffers its own copy."""
+    session = _session(min_emit=4)
+    chunk = _ramp(0, 3)
+    source = chunk if kind == "tensor" else chunk.numpy()
+    session.feed(source)
+    source[:] = 99.0
+    session.feed(_ramp(3, 5))
+    job = session.next_job()
+    assert job is not None
+    assert torch.equal(job.latents[:3, 0], torch.tensor([0.0, 1.0, 2.0]))
+    job.latents.fill_(-1.0)  # and a job's latents are its own too
+    again = session.next_job()
+    assert again is None or not (again.latents == -1.0).any()
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [torch.ones(2, D, dtype=torch.float64), torch.ones(1, 2, D, dtype=torch.bfloat16),
+     torch.ones(2, D, requires_grad=True), torch.ones(D, 2).t()],
+    ids=["float64", "bfloat16-batched", "requires-grad", "transposed"],
+)  # fmt: skip
+def test_any_float_tensor_is_taken_as_float32_values(chunk: torch.Tensor) -> None:
+    """Float tensors of any dtype, layout or autograd state are buffered as their float32 values."""
+    session = _session()
+    assert session.feed(chunk) == 2
+    assert session.snapshot()["buffered"] == 2
