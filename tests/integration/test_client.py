@@ -146,9 +146,9 @@ async def test_stream_command_writes_the_wav(codec: Any, tmp_path: Path, fmt: st
 
 
 def test_serve_refuses_an_unknown_precision() -> None:
-    proc = _serve("--precision", "fp16")
+    proc = _serve("--precision", "bf16")
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 2 and "invalid choice: 'fp16'" in out and "tf32x3" in out
+    assert proc.returncode == 2 and "invalid choice: 'bf16'" in out and "tf32x3" in out
 
 
 def _serve(*extra: str) -> subprocess.Popen[str]:
