@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-import numpy as np
 import torch
 from anyio.abc import TaskGroup
 from websockets.asyncio.server import ServerConnection
@@ -57,6 +56,7 @@ from streamdec.protocol import (
     encode_text,
     error_code_for,
 )
+from streamdec.session import all_finite
 
 from .guards import ErrorBudget
 from .opus import OpusEncoder, check_opus
@@ -571,8 +571,7 @@ class Connection:
         return status, stream.failure or failure
 
     async def _send_audio(self, stream: _Stream, samples: torch.Tensor) -> None:
-        # one float64 sum is finite exactly when every float32 sample is (it cannot overflow)
-        if not np.isfinite(samples.numpy().sum(dtype=np.float64)):
+        if not all_finite(samples.numpy()):
             # Finite latents that overflow inside the codec: NaN on the wire would play as silence or
             # noise with no word; s16 would silently be zeros. The library's typed error, when the engine
             # raises it first, takes the same path.

@@ -41,6 +41,8 @@ from streamdec.errors import (
     TextError,
     TooManyStreamsError,
 )
+from streamdec.io import pcm16
+from streamdec.session import first_non_finite_row
 
 __all__ = [
     "AUDIO_FORMATS",
@@ -415,15 +417,6 @@ def _latents_from_payload(payload: memoryview, dtype: str, n_frames: int, dim: i
     return torch.from_numpy(array)
 
 
-def _first_non_finite_row(latents: torch.Tensor) -> int | None:
-    """The first row holding NaN or Inf, or None. One float64 sum is finite exactly when every element is
-    (float32 or float16 values summed in float64 cannot overflow); rows are scanned only when it is not."""
-    values = latents.float().numpy() if latents.dtype == torch.bfloat16 else latents.numpy()
-    if not values.size or np.isfinite(values.sum(dtype=np.float64)):
-        return None
-    return int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
-
-
 def _to_le_bytes(array: np.ndarray) -> bytes:
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
@@ -433,13 +426,6 @@ def _float_samples(samples: torch.Tensor) -> np.ndarray:
     if samples.dtype != torch.float32 or samples.device.type != "cpu" or samples.requires_grad:
         samples = samples.detach().to("cpu", torch.float32)
     return samples.numpy()
-
-
-def _pcm16_bytes(samples: np.ndarray) -> bytes:
-    """``[C, N]`` float32 -> interleaved little-endian s16: ``round_half_even(clip(x, -1, 1) * 32767)``,
-    in numpy (byte for byte what :func:`streamdec.io.pcm16` gives, at a fraction of the cost per message)."""
-    scaled = np.rint(np.clip(samples, -1.0, 1.0) * np.float32(32767.0))
-    return bytes(scaled.astype("<i2").T.tobytes())
 
 
 def encode_latents(
@@ -458,7 +444,7 @@ def encode_audio(stream: int, seq: int, start_sample: int, samples: torch.Tensor
     header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1])
     floats = _float_samples(samples)
     if fmt == "pcm_s16le":
-        return header + _pcm16_bytes(floats)
+        return header + pcm16(floats)
     return header + _to_le_bytes(floats.T)
 
 
@@ -767,7 +753,9 @@ class ServerState:
                 stream,
             )
         latents = _latents_from_payload(payload, state.start.dtype, n_frames, dim)
-        bad = _first_non_finite_row(latents)
+        bad = first_non_finite_row(
+            latents.float().numpy() if latents.dtype == torch.bfloat16 else latents.numpy()
+        )
         if bad is not None:
             raise _fail(
                 ErrorCode.NON_FINITE,

@@ -44,7 +44,9 @@ __all__ = [
     "StepPolicy",
     "StreamSession",
     "Tile",
+    "all_finite",
     "as_latents",
+    "first_non_finite_row",
     "latents_array",
 ]
 
@@ -135,6 +137,21 @@ class Job:
     latents: torch.Tensor
 
 
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every element of a float16 or float32 array is finite. One float64 sum is finite exactly
+    when every element is (such a sum cannot overflow), and costs a few microseconds against tens for an
+    elementwise ``isfinite`` on a small array: it runs on every message of every stream."""
+    return not values.size or bool(np.isfinite(values.sum(dtype=np.float64)))
+
+
+def first_non_finite_row(values: np.ndarray) -> int | None:
+    """The first row of ``[T, D]`` values holding NaN or Inf, or None; rows are scanned only when
+    :func:`all_finite` says one does."""
+    if all_finite(values):
+        return None
+    return int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+
+
 def as_latents(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False) -> torch.Tensor:
     """Validate one chunk (array or tensor, ``[T, D]`` or ``[1, T, D]``) into a float32 CPU ``[T, D]`` tensor."""
     array = latents_array(chunk, latent_dim, allow_non_finite=allow_non_finite)
@@ -167,10 +184,8 @@ def latents_array(chunk: Any, latent_dim: int, *, allow_non_finite: bool = False
         )
     if array.dtype != np.float32:
         array = array.astype(np.float32)
-    # One float64 sum is finite exactly when every float32 element is (it cannot overflow), and costs a
-    # few microseconds against tens for an elementwise isfinite on a small chunk.
-    if not allow_non_finite and array.size and not np.isfinite(array.sum(dtype=np.float64)):
-        bad = int(np.flatnonzero(~np.isfinite(array).all(axis=1))[0])
+    bad = None if allow_non_finite else first_non_finite_row(array)
+    if bad is not None:
         raise NonFiniteError(
             f"latent chunk holds NaN or Inf (first at frame {bad} of {array.shape[0]}): fix the producer, "
             "or pass allow_non_finite=True to decode it anyway"

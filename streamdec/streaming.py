@@ -38,6 +38,7 @@ from .session import (
     StepPolicy,
     StreamSession,
     Tile,
+    all_finite,
     as_latents,
 )
 
@@ -403,7 +404,7 @@ class TileStream(AsyncIterator[Tile]):
         return pending.result()
 
     def _check_output(self, job: Job | StepJob, audio: torch.Tensor) -> None:
-        if self.session.allow_non_finite or np.isfinite(audio.numpy().sum(dtype=np.float64)):
+        if self.session.allow_non_finite or all_finite(audio.numpy()):
             return
         start, end = (
             (job.window.emit_start, job.window.emit_end)

@@ -321,13 +321,13 @@ _SAMPLES = st.floats(-3.0, 3.0, width=32) | st.sampled_from(
 @settings(max_examples=60, deadline=None)
 @given(channels=st.integers(1, 3), values=st.lists(_SAMPLES, min_size=0, max_size=24))
 def test_s16_audio_equals_the_torch_conversion_byte_for_byte(channels: int, values: list[float]) -> None:
-    """The numpy pcm_s16le payload is byte for byte streamdec.io.pcm16 (torch), halves and clipping included."""
-    from streamdec.io import pcm16
-
+    """The numpy pcm_s16le payload (streamdec.io.pcm16) is byte for byte the torch conversion
+    round_half_even(clamp(x, -1, 1) * 32767), interleaved: halves and clipping included."""
     n = len(values) // channels
     samples = torch.tensor(values[: n * channels], dtype=torch.float32).reshape(channels, n)
     data = encode_audio(1, 0, 0, samples, "pcm_s16le")
-    assert data[AUDIO_HEADER.size :] == pcm16(samples)
+    expected = torch.round(samples.clamp(-1.0, 1.0) * 32767.0).to(torch.int16).t().contiguous()
+    assert data[AUDIO_HEADER.size :] == expected.numpy().astype("<i2").tobytes()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
