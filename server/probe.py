@@ -99,18 +99,27 @@ def probe_margin(mode: str, prebuffer: float, flush_margin: float, hold_lead: fl
     return PROBE_MARGIN_SHARE * aim
 
 
+def _members(decoder: object) -> list[Any]:
+    """The decoders of a DecoderGroup (one per device), or the decoder itself."""
+    return list(getattr(decoder, "decoders", None) or [decoder])
+
+
+def _gpu_engine(member: object) -> Any | None:
+    """The member's engine where it runs on a CUDA device, else None."""
+    engine = getattr(member, "engine", None)
+    return engine if getattr(getattr(engine, "device", None), "type", None) == "cuda" else None
+
+
 def engine_hold_lead(decoder: object) -> float | None:
     """The ``hold_lead`` of the decoder's engines where they hold work on a GPU (module docstring), else
     None."""
     leads = []
-    for member in getattr(decoder, "decoders", None) or [decoder]:
-        engine = getattr(member, "engine", None)
-        device = getattr(engine, "device", None)
-        lead = getattr(engine, "hold_lead", None)
-        if getattr(device, "type", None) != "cuda" or lead is None:
+    for member in _members(decoder):
+        lead = getattr(_gpu_engine(member), "hold_lead", None)
+        if lead is None:  # a CPU engine, or one that does not hold work
             return None
         leads.append(float(lead))
-    return min(leads) if leads else None
+    return min(leads)
 
 
 class _Decoder(Protocol):
@@ -126,7 +135,7 @@ class _Decoder(Protocol):
 
 def _busy_seconds(decoder: _Decoder) -> float:
     """Seconds the decoder's engines have spent in device calls so far, per engine."""
-    engines = len(getattr(decoder, "decoders", None) or [decoder])
+    engines = len(_members(decoder))
     return float(decoder.stats.engine.decode_seconds) / engines
 
 
@@ -134,17 +143,14 @@ def replay_bound(decoder: _Decoder, frame_rate: float, safety: float = SAFETY_FA
     """Real-time streams the measured step replays allow at ``safety`` busy, over all of the decoder's
     engines (module docstring); None where there are none: halo mode, an eager engine, no graphs."""
     total = 0.0
-    for member in getattr(decoder, "decoders", None) or [decoder]:
-        engine: Any = getattr(member, "engine", None)
-        device = getattr(engine, "device", None)
-        if getattr(member, "mode", None) != "stateful" or getattr(device, "type", None) != "cuda":
+    for member in _members(decoder):
+        engine = _gpu_engine(member)
+        if getattr(member, "mode", None) != "stateful" or engine is None:
             return None
         best = 0.0
-        for key, replay_ms in engine.step_replay_ms().items():
-            kind, shape = key.split(" ")
-            batch, frames = (int(v) for v in shape.split("x"))
-            if kind == "step" and frames == member.min_emit and replay_ms:
-                best = max(best, batch * safety / (replay_ms / 1e3 * frame_rate / frames))
+        for key, replay_ms in engine.measured_replay_ms().items():
+            if key.kind == "step" and key.frames == member.min_emit and replay_ms:
+                best = max(best, key.batch * safety / (replay_ms / 1e3 * frame_rate / key.frames))
         if best == 0.0:
             return None
         total += best

@@ -684,6 +684,10 @@ class DecodeEngine(Engine):
             (k.batch, k.frames): (g.tier, g.replay_ms) for k, g in tiers.buckets.items() if k.kind == "window"
         }
 
+    def measured_replay_ms(self) -> dict[BucketKey, float]:
+        """Replay time of every graph measured at warm-up, by bucket (what the scheduler's cost model uses)."""
+        return dict(self._measured)
+
     def step_replay_ms(self) -> dict[str, float | None]:
         """Measured replay time of every stateful graph, keyed ``"kind BATCHxFRAMES"``."""
         return {

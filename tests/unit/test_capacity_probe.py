@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from streamdec.engine.scheduler import BucketKey
 from streamdec.server.probe import (
     PROBE_MARGIN_SHARE,
     START_PERIODS,
@@ -192,12 +193,20 @@ def test_paced_starts_overlap_and_take_distinct_phases(streams: int) -> None:
 
 
 class _ReplayEngine:
+    """Replays given as ``{"kind BATCHxFRAMES": ms}``; None: the graph was never measured."""
+
     def __init__(self, device: str, replays: dict[str, float | None]) -> None:
         self.device = torch.device(device)
         self.replays = replays
 
-    def step_replay_ms(self) -> dict[str, float | None]:
-        return self.replays
+    def measured_replay_ms(self) -> dict[BucketKey, float]:
+        measured = {}
+        for name, ms in self.replays.items():
+            kind, shape = name.split(" ")
+            batch, frames = (int(v) for v in shape.split("x"))
+            if ms is not None:
+                measured[BucketKey(batch, frames, kind)] = ms
+        return measured
 
 
 class _Member:
