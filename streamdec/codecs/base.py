@@ -114,7 +114,8 @@ class Codec(nn.Module, abc.ABC):
         take the ``"tf32x3"`` path), faster again; its split weights take as much memory as the conv
         weights. ``"fp16"`` (opt-in, never chosen by ``auto``) multiplies the float16 heads only, once
         instead of three times: faster, at about 11 bits of each operand. ``"tf32"`` moves the output by
-        about 1e-3 (:mod:`streamdec.codecs.precision`). Accuracy and speed of each mode: ``docs/precision.md`` and ``docs/performance.md``.
+        about 1e-3 (:mod:`streamdec.codecs.precision`). Accuracy and speed of each mode:
+        ``docs/precision.md`` and ``docs/performance.md``.
         Setting it takes effect at the next eager call or compile; captured graphs keep what they captured.
         """
         return self._precision
@@ -207,9 +208,9 @@ class ConfiguredCodec(Codec):
     """A family built from streamdec's layers whose whole architecture is one ``config_class`` instance.
 
     Subclasses set ``config_class``, take ``(name, config)`` in ``__init__`` and pass them on with the
-    config's latent width, sample rate and audio channels (the hop is the config's ``hop_size``); the config
-    is kept in ``self.config`` (annotated there with its own class). Then ``config_dict`` is ``config.to_dict()``,
-    ``from_config`` is ``cls(name, config_class.from_dict(config))`` (unknown keys are an error) and
+    config's latent width, sample rate and audio channels (the hop is the config's ``hop_size``); the
+    config is kept in ``self.config`` (annotated there with its own class). Then ``config_dict`` is
+    ``config.to_dict()``, ``from_config`` is ``cls(name, config_class.from_dict(config))`` (unknown keys are an error) and
     ``refresh_cache`` rebuilds every cached layer (:func:`~streamdec.codecs.layers.refresh_caches`).
     """
 

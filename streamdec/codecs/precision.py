@@ -1,5 +1,5 @@
-"""How a codec's convolutions use a CUDA GPU's matrix units: ``"fp32"``, ``"tf32x3"``, ``"fp16x3"``, ``"fp16"``,
-``"tf32"``.
+"""How a codec's convolutions use a CUDA GPU's matrix units: ``"fp32"``, ``"tf32x3"``, ``"fp16x3"``,
+``"fp16"``, ``"tf32"``.
 
 * ``"fp32"`` (default): true float32 on CUDA cores. Exact to float32 round-off, and the slowest on a GPU
   at large batches.

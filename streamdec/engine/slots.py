@@ -4,8 +4,8 @@ Every stream in stateful mode owns a *slot*: row ``slot`` of one pool tensor per
 (``[slots + 1, channels, state_len]``, allocated once at start-up, so addresses never change and a captured
 graph can read and write them). A batched call takes the slots of its rows as an index tensor and runs
 :class:`~streamdec.codecs.stateful.StatefulNet` once for all rows; each layer gathers its rows' state as it
-reaches it and scatters its new state straight back, all inside one replay. Padding rows of a batch bucket point at the extra last row, a scratch
-slot nobody owns, so they never touch a live stream's state.
+reaches it and scatters its new state straight back, all inside one replay. Padding rows of a batch
+bucket point at the extra last row, a scratch slot nobody owns, so they never touch a live stream's state.
 
 Slot bookkeeping (:class:`SlotAllocator`) is pure Python; the engine's lock guards it.
 """
