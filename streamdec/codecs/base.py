@@ -210,8 +210,9 @@ class ConfiguredCodec(Codec):
     Subclasses set ``config_class``, take ``(name, config)`` in ``__init__`` and pass them on with the
     config's latent width, sample rate and audio channels (the hop is the config's ``hop_size``); the
     config is kept in ``self.config`` (annotated there with its own class). Then ``config_dict`` is
-    ``config.to_dict()``, ``from_config`` is ``cls(name, config_class.from_dict(config))`` (unknown keys are an error) and
-    ``refresh_cache`` rebuilds every cached layer (:func:`~streamdec.codecs.layers.refresh_caches`).
+    ``config.to_dict()``, ``from_config`` is ``cls(name, config_class.from_dict(config))`` (unknown keys
+    are an error) and ``refresh_cache`` rebuilds every cached layer
+    (:func:`~streamdec.codecs.layers.refresh_caches`).
     """
 
     config_class: ClassVar[type[JSONConfig]]
