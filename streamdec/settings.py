@@ -33,6 +33,7 @@ __all__ = [
     "NO_FUSED",
     "NO_GRAPHS",
     "PACK_SHORT_ROWS",
+    "PARALLEL_COMPILE",
     "REQUIRE_REF",
     "SETTINGS",
     "TOKEN",
@@ -130,6 +131,12 @@ PACK_SHORT_ROWS = _switch(
     "Pack several short rows (a stateful step's few dozen samples) into one program of the float16 split "
     "convolution and the fused activation; off, every row gets programs of its own, as whole clips do. "
     "Results are bit-identical either way; the switch exists to measure the difference.",
+)  # fmt: skip
+PARALLEL_COMPILE = _switch(
+    "STREAMDEC_PARALLEL_COMPILE", True, "engine",
+    "Before a GPU warm-up captures its graphs, find the Triton kernel variants it will launch and compile "
+    "them in worker processes side by side (a cold start compiles them one at a time otherwise). Off, "
+    "each variant compiles at its first launch. The binaries are the same either way.",
 )  # fmt: skip
 TOKEN = _text(
     "STREAMDEC_TOKEN", "cli",

@@ -196,6 +196,7 @@ class DecodeEngine(Engine):
             max_graphs=max_graphs,
             on_frozen_miss=on_frozen_miss,
             inductor_cache_dir=inductor_cache_dir,
+            parallel_compile=env_flag("STREAMDEC_PARALLEL_COMPILE"),
         )
         self.completion = completion
         self.max_inflight = max_inflight

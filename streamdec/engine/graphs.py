@@ -26,6 +26,7 @@ capture stall in the middle of serving.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +79,7 @@ class TierOptions:
     max_graphs: int = 16
     on_frozen_miss: Literal["error", "eager"] = "error"
     inductor_cache_dir: str | None = None
+    parallel_compile: bool = True  # Triton variants compiled side by side before the captures
 
     def __post_init__(self) -> None:
         if self.max_graphs < 1:
@@ -141,6 +143,8 @@ class GraphTiers:
         self._generation: _Generation | None = None
         self._compiled: Forward | None = None
         self._capturing = False
+        # where the captures' seconds go (the warm-up's note): eager runs, recording, timing replays
+        self.capture_seconds = {"eager": 0.0, "capture": 0.0, "timing": 0.0}
 
     # -- lookup ---------------------------------------------------------------------------------------
 
@@ -199,13 +203,48 @@ class GraphTiers:
         if self._bucket_pool is None:
             self._bucket_pool = torch.cuda.graph_pool_handle()
         # Largest first: the shared pool is sized by the first capture, later ones reuse its blocks.
-        for key in sorted(set(keys), key=lambda k: (k.frames * k.batch, k.frames), reverse=True):
-            if key in self.buckets:
-                continue
+        todo = [
+            key
+            for key in sorted(set(keys), key=lambda k: (k.frames * k.batch, k.frames), reverse=True)
+            if key not in self.buckets
+        ]
+        if self.options.parallel_compile:
+            notes.extend(self._precompile(todo))
+        before = dict(self.capture_seconds)
+        for key in todo:
             graph = self._warm_one(key, notes)
             if graph is not None:
                 self.buckets[key] = graph
+        spent = {name: self.capture_seconds[name] - before[name] for name in before}
+        notes.append(
+            f"{len(todo)} captures: {spent['eager']:.1f} s running each shape first, {spent['capture']:.1f} s "
+            f"recording, {spent['timing']:.1f} s timing replays"
+        )
         return notes
+
+    def _precompile(self, keys: Sequence[BucketKey]) -> list[str]:
+        """Compile the Triton variants ``keys`` will launch in worker processes, before any capture needs
+        them (:mod:`streamdec.kernels.precompile`): one pass over the keys finds them, launching nothing
+        new. A failure only means each variant compiles at its first launch, as without this step."""
+        if not keys or importlib.util.find_spec("triton") is None:
+            return []
+        from streamdec.kernels import precompile
+
+        began = time.perf_counter()
+        assert self.stream is not None
+        try:
+            with torch.cuda.stream(self.stream), precompile.discovering() as found:
+                for key in keys:
+                    self._run_eager_once(key)
+            self.stream.synchronize()
+        except Exception as exc:
+            log.warning(
+                "finding the warm-up's Triton variants failed (%s); each compiles when first launched", exc
+            )
+            return [f"Triton variants not precompiled: {type(exc).__name__}: {exc}"]
+        looked = time.perf_counter() - began
+        report = precompile.compile_variants(found)
+        return [f"{report.describe()} (found in {looked:.1f} s)"]
 
     def _warm_one(self, key: BucketKey, notes: list[str]) -> CapturedGraph | None:
         if self.options.compile and key.kind == "window":
@@ -287,9 +326,11 @@ class GraphTiers:
                 self._mark_dynamic(static_in)
             # Lazy init, Triton's compiles and cuDNN's heuristics happen here, outside the capture; a
             # compiled function runs twice, since its first call may recompile for the marked dimensions.
+            began = time.perf_counter()
             for _ in range(2 if tier == "compiled" else 1):
                 fn(static_in)
             self.stream.synchronize()
+            recording = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             self._capturing = True
             try:
@@ -300,7 +341,15 @@ class GraphTiers:
             finally:
                 self._capturing = False
             captured = CapturedGraph(key, tier, graph, static_in, static_out, generation, None, static_slots)
+            timing = time.perf_counter()
             captured.replay_ms = self._time_replay(captured)
+            done = time.perf_counter()
+        for name, seconds in (
+            ("eager", recording - began),
+            ("capture", timing - recording),
+            ("timing", done - timing),
+        ):
+            self.capture_seconds[name] += seconds
         return captured
 
     def _time_replay(self, captured: CapturedGraph) -> float:
