@@ -1,0 +1,68 @@
+"""Parallel precompile on a real GPU: discovery skips launches, workers compile exactly what a launch
+would, and a warm-up with it captures graphs that replay like one without it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from streamdec.codecs import load_codec
+from streamdec.engine import DecodeEngine
+from streamdec.kernels import precompile
+from streamdec.kernels._triton_conv_f16 import _row_amax_kernel
+
+pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
+
+# A block size no product launch uses, so this process has not compiled the variant yet.
+_BLOCK = 256 + 128
+
+
+def _launch(x: torch.Tensor, amax: torch.Tensor) -> None:
+    _row_amax_kernel[(1, x.shape[0])](x, amax, x.shape[1], BLOCK=_BLOCK, num_warps=4)
+
+
+def test_discovery_records_the_variant_and_launches_nothing() -> None:
+    x = torch.randn(3, 300, device="cuda")
+    amax = torch.zeros(3, dtype=torch.int32, device="cuda")
+    with precompile.discovering() as found:
+        _launch(x, amax)
+        _launch(x, amax)  # the same variant again: recorded once
+    torch.cuda.synchronize()
+    assert [v.name for v in found] == ["_row_amax_kernel"]
+    assert int(amax.abs().sum()) == 0, "a declined compile must skip its launch"
+
+    report = precompile.compile_variants(found, workers=1)
+    assert report.variants == 1 and report.failed == 0
+    _launch(x, amax)
+    want = x.abs().amax(dim=1).view(torch.int32)
+    torch.testing.assert_close(amax, want, rtol=0, atol=0)
+
+
+def test_stateful_warmup_with_precompile_replays_like_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same stateful buckets warmed with and without the parallel precompile replay bit-identically
+    (in one process the second warm-up finds every variant compiled, so this checks the capture path
+    with the precompile step in it, and that the step reports what it did)."""
+    codec = load_codec("tiny", device="cuda", dtype=torch.float32)
+    assert codec.use_auto_precision() == "fp16x3"
+
+    async def replay(parallel: str) -> tuple[list[str], torch.Tensor]:
+        monkeypatch.setenv("STREAMDEC_PARALLEL_COMPILE", parallel)
+        engine = DecodeEngine(codec, compile=False, max_streams=4, batch_buckets=(1, 2, 4))
+        try:
+            report = await engine.warmup_steps((("step", 4),))
+            graph = engine.tiers.buckets[next(k for k in engine.tiers.buckets if k.batch == 4)]
+            z = torch.randn(graph.static_in.shape, generator=torch.Generator().manual_seed(1))
+            graph.static_in.copy_(z)
+            graph.graph.replay()
+            torch.cuda.synchronize()
+            return list(report.notes), graph.static_out.clone()
+        finally:
+            await engine.aclose()
+
+    notes_on, out_on = asyncio.run(replay("1"))
+    _, out_off = asyncio.run(replay("0"))
+    codec.precision = "fp32"
+    assert any("Triton variants" in n for n in notes_on), notes_on
+    torch.testing.assert_close(out_on, out_off, rtol=0, atol=0)
