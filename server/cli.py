@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -117,6 +118,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     from .app import StreamServer
     from .devices import DecoderGroup
 
+    began = time.monotonic()
     voice = await _load_voice(args)
     names = _device_names(args)
     codecs = [load_codec_from_args(argparse.Namespace(**{**vars(args), "device": n})) for n in names]
@@ -138,7 +140,9 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
     async with group or decoders[0] as decoder:
         server = StreamServer(decoder, config, voice=voice)
         await _start(server, config)
+        loaded = time.monotonic()
         report = await server.warmup()
+        warmed = time.monotonic()
         decoder.freeze()
         settings.freeze_heap()  # what warm-up made lives as long as the server: no collection walks it
         state = sum(d.engine.state_memory_bytes() for d in decoders)
@@ -159,6 +163,9 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
                   flush=True)  # fmt: skip
         if voice is not None:
             print(f"streamdec: voice {voice.name!r} speaks a start's text{_phonemes_note()}", flush=True)
+        print(f"streamdec: ready {warmed - began:.1f} s after start-up began: codec and server "
+              f"{loaded - began:.1f} s, warm-up {report.seconds:.1f} s, capacity probe "
+              f"{warmed - loaded - report.seconds:.1f} s", flush=True)  # fmt: skip
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
               f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
         await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))

@@ -253,6 +253,7 @@ class DecodeEngine(Engine):
             stream=self._stream,
             pad_latent=self.codec.pad_latent,
             options=self.options,
+            shapes=lambda: f"{self.codec!r} precision={self.codec.precision}",
         )
         if self.net is not None:
             self._tiers.state = StatePool(self.net, self.max_streams, device=self.device, dtype=self.dtype)

@@ -26,11 +26,13 @@ capture stall in the middle of serving.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -126,8 +128,12 @@ class GraphTiers:
         stream: torch.cuda.Stream | None,
         pad_latent: Tensor,
         options: TierOptions,
+        shapes: Callable[[], str] | None = None,
     ) -> None:
         self.forward = forward
+        # what fixes the kernels ``forward`` launches besides the keys (layer shapes, precision): the
+        # parallel precompile's warm-cache marker is keyed by it; None: no marker, always discover
+        self.shapes = shapes
         self.latent_dim = latent_dim
         self.dtype = dtype
         self.device = device
@@ -145,6 +151,10 @@ class GraphTiers:
         self._capturing = False
         # where the captures' seconds go (the warm-up's note): eager runs, recording, timing replays
         self.capture_seconds = {"eager": 0.0, "capture": 0.0, "timing": 0.0}
+        # every Triton variant the warm-up's captures launch is compiled (the parallel precompile found
+        # and compiled them all, or an earlier warm-up did): a capture needs no first run outside it
+        self._precompiled = False
+        self.capture_retries = 0
 
     # -- lookup ---------------------------------------------------------------------------------------
 
@@ -219,17 +229,27 @@ class GraphTiers:
         notes.append(
             f"{len(todo)} captures: {spent['eager']:.1f} s running each shape first, {spent['capture']:.1f} s "
             f"recording, {spent['timing']:.1f} s timing replays"
+            + (
+                f", {self.capture_retries} captures retried after an eager run"
+                if self.capture_retries
+                else ""
+            )
         )
         return notes
 
     def _precompile(self, keys: Sequence[BucketKey]) -> list[str]:
         """Compile the Triton variants ``keys`` will launch in worker processes, before any capture needs
         them (:mod:`streamdec.kernels.precompile`): one pass over the keys finds them, launching nothing
-        new. A failure only means each variant compiles at its first launch, as without this step."""
+        new. Skipped where this warm-up's variants are known to be in the on-disk cache already. A
+        failure only means each variant compiles at its first launch, as without this step."""
         if not keys or importlib.util.find_spec("triton") is None:
             return []
         from streamdec.kernels import precompile
 
+        marker = precompile.warm_marker(self._variant_fingerprint(keys)) if self.shapes else None
+        if marker is not None and marker.exists():
+            self._precompiled = True
+            return ["Triton variants: precompiled in the on-disk cache by an earlier warm-up"]
         began = time.perf_counter()
         assert self.stream is not None
         try:
@@ -237,14 +257,31 @@ class GraphTiers:
                 for key in keys:
                     self._run_eager_once(key)
             self.stream.synchronize()
+            looked = time.perf_counter() - began
+            report = precompile.compile_variants(found, precompile.current_target())
         except Exception as exc:
             log.warning(
-                "finding the warm-up's Triton variants failed (%s); each compiles when first launched", exc
+                "precompiling the warm-up's Triton variants failed (%s); each compiles at first launch", exc
             )
             return [f"Triton variants not precompiled: {type(exc).__name__}: {exc}"]
-        looked = time.perf_counter() - began
-        report = precompile.compile_variants(found)
+        self._precompiled = report.failed == 0
+        if marker is not None and self._precompiled:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
         return [f"{report.describe()} (found in {looked:.1f} s)"]
+
+    def _variant_fingerprint(self, keys: Sequence[BucketKey]) -> str:
+        """Everything the kernel variants of a warm-up of ``keys`` depend on."""
+        import triton
+
+        assert self.shapes is not None
+        props = torch.cuda.get_device_properties(self.device)
+        kernels = Path(__file__).resolve().parents[1] / "kernels"
+        sources = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(kernels.glob("*.py")))).hexdigest()
+        return "|".join([
+            self.shapes(), repr(sorted(keys)), str(self.dtype), props.name, str(props.multi_processor_count),
+            torch.__version__, triton.__version__, sources, repr(settings.recorded()),
+        ])  # fmt: skip
 
     def _warm_one(self, key: BucketKey, notes: list[str]) -> CapturedGraph | None:
         if self.options.compile and key.kind == "window":
@@ -260,6 +297,14 @@ class GraphTiers:
                 notes.append(f"compiled {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
                 self.failed.append(key)
         try:
+            if self._precompiled:
+                try:
+                    return self._capture(key, None, "graph", self._bucket_pool, -1, eager_first=False)
+                except Exception as exc:  # something in the call needed its first run outside a capture
+                    self.capture_retries += 1
+                    log.info(
+                        "capture of %s without a first eager run failed (%s); retrying with one", key, exc
+                    )
             return self._capture(key, None, "graph", self._bucket_pool, -1)
         except Exception as exc:
             log.warning("plain capture of bucket %s failed (%s); it decodes eagerly", key, exc)
@@ -313,9 +358,16 @@ class GraphTiers:
         return x.to(device=self.device, dtype=self.dtype)
 
     def _capture(
-        self, key: BucketKey, fn: Forward | None, tier: str, pool: Any, generation: int
+        self,
+        key: BucketKey,
+        fn: Forward | None,
+        tier: str,
+        pool: Any,
+        generation: int,
+        eager_first: bool = True,
     ) -> CapturedGraph:
-        """Capture ``fn`` (None: the plain call for ``key``'s kind) on a static input of ``key``'s shape."""
+        """Capture ``fn`` (None: the plain call for ``key``'s kind) on a static input of ``key``'s shape;
+        ``eager_first=False`` skips the first run outside the capture (every kernel is compiled already)."""
         assert self.stream is not None
         with self._dynamo_config(), torch.cuda.stream(self.stream):
             static_slots = None
@@ -327,7 +379,7 @@ class GraphTiers:
             # Lazy init, Triton's compiles and cuDNN's heuristics happen here, outside the capture; a
             # compiled function runs twice, since its first call may recompile for the marked dimensions.
             began = time.perf_counter()
-            for _ in range(2 if tier == "compiled" else 1):
+            for _ in range(2 if tier == "compiled" else int(eager_first)):
                 fn(static_in)
             self.stream.synchronize()
             recording = time.perf_counter()

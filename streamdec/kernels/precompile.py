@@ -2,34 +2,48 @@
 
 Triton compiles one binary per constexpr set the first time a launch asks for it, on the launching
 thread, one at a time: on a host with a cold cache that is most of a GPU warm-up (the stateful
-``auk-24k`` buckets alone ask for a few dozen variants at one to three seconds each). Which variants a
-warm-up needs depends only on shapes, never on values, so they can be found before any is compiled:
+``auk-24k`` buckets ask for 46 variants, about 40 s of compiling). Which variants a warm-up needs
+depends only on shapes, never on values, so they can be found before any is compiled:
 
 1. :func:`discovering` - the warm-up runs its calls once while Triton's compile hook declines every
-   compile it is asked for and records it (Triton then skips that launch, so outputs are garbage and the
-   pass costs only the host's work);
-2. :func:`compile_variants` - worker processes compile the recorded variants side by side
-   (``JITFunction.preload`` of each variant's own specialization record) into Triton's on-disk cache;
+   compile it is asked for and records it; the variant's launches are skipped, so outputs are garbage
+   and the pass costs only the host's work;
+2. :func:`compile_variants` - worker processes compile the recorded variants side by side into Triton's
+   on-disk cache, each from the specialization record Triton wrote for it, for the GPU the warm-up runs
+   on (the workers need no GPU);
 3. the warm-up proper runs as before, and each first launch loads its binary from that cache.
 
-Nothing here changes a binary: a worker compiles the specialization the launch would have compiled, in
-the same environment, so the cache key is the same. Where a step fails (no spawn, a worker error), the
-launch compiles the variant itself, as it would have anyway.
+Nothing here changes a binary: a worker compiles the source, specialization and options the launch
+would have compiled, so Triton's cache key is the same. Where a step fails (no spawn, a worker error),
+the launch compiles the variant itself, as it would have anyway. :func:`warm_marker` names a file in
+Triton's cache directory that says a warm-up with this fingerprint has been precompiled there, so a warm
+start skips the discovery pass.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
 import importlib
+import json
 import multiprocessing
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CompileReport", "Variant", "compile_variants", "default_workers", "discovering"]
+__all__ = [
+    "CompileReport",
+    "Variant",
+    "compile_variants",
+    "current_target",
+    "default_workers",
+    "discovering",
+    "warm_marker",
+]
 
 
 @dataclass(frozen=True)
@@ -48,30 +62,44 @@ class CompileReport:
     workers: int
     seconds: float
     failed: int = 0
+    first_error: str = ""
 
     def describe(self) -> str:
-        failed = f", {self.failed} left to their first launch" if self.failed else ""
-        where = f"compiled in {self.workers} processes" if self.workers else "loaded from the on-disk cache"
-        return f"{self.variants} Triton variants {where} in {self.seconds:.1f} s{failed}"
+        failed = f", {self.failed} left to their first launch ({self.first_error})" if self.failed else ""
+        return f"{self.variants} Triton variants compiled in {self.workers} processes in {self.seconds:.1f} s{failed}"
+
+
+class _Skipped:
+    """Stands in Triton's in-process kernel cache for a declined variant while discovery runs, so the
+    variant's later launches do nothing at once instead of asking the compile hook again."""
+
+    function = None
+    packed_metadata = None
+
+    def launch_metadata(self, *args: Any) -> None:
+        return None
+
+    def run(self, *args: Any) -> None:
+        return None
 
 
 @contextlib.contextmanager
 def discovering() -> Iterator[list[Variant]]:
-    """Within the block every Triton compile is declined and recorded, and its launch skipped.
+    """Within the block every Triton compile is declined and recorded, and its launches skipped.
 
     Only for a pass whose outputs nobody reads: a launch that needs a new binary does nothing. Launches
-    of variants already compiled in this process still run."""
+    of variants already compiled in this process still run. On leaving, Triton's caches are as before."""
     from triton import knobs
 
     found: list[Variant] = []
-    seen: set[tuple[str, str, str]] = set()
+    stand_ins: list[tuple[dict[str, Any], str]] = []
 
     def decline(*, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
-        key = (fn.module, fn.name, str(compile["key"]))
-        if key not in seen:
-            seen.add(key)
-            found.append(Variant(fn.module, fn.name, compile["specialization_data"]))
-        return True  # Triton: "handled", so it neither compiles nor launches
+        found.append(Variant(fn.module, fn.name, compile["specialization_data"]))
+        cache = fn.jit_function.device_caches[compile["device"]][0]
+        cache[compile["key"]] = _Skipped()
+        stand_ins.append((cache, compile["key"]))
+        return True  # Triton: "handled", so it neither compiles nor launches this time
 
     saved = knobs.runtime.jit_cache_hook
     knobs.runtime.jit_cache_hook = decline
@@ -79,6 +107,16 @@ def discovering() -> Iterator[list[Variant]]:
         yield found
     finally:
         knobs.runtime.jit_cache_hook = saved
+        for cache, key in stand_ins:
+            if isinstance(cache.get(key), _Skipped):
+                del cache[key]
+
+
+def current_target() -> Any:
+    """Triton's target for the current CUDA device (what the workers compile for)."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_target()
 
 
 def default_workers() -> int:
@@ -86,45 +124,61 @@ def default_workers() -> int:
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
-#: a variant that loads this fast was in the on-disk cache already: the rest load in this process
-CACHED_LOAD_S = 0.5
-
-
-def compile_variants(variants: list[Variant], workers: int | None = None) -> CompileReport:
-    """Make every variant in ``variants`` ready to launch; blocks until done.
-
-    The first is loaded here: if that was quick the on-disk cache holds this warm-up's binaries (a warm
-    start), and the rest load here too, since spawning workers would cost more than it saves. Otherwise
-    the rest compile in ``workers`` spawned processes (CUDA must not be forked) into the on-disk cache.
-    Variants that fail are counted, not raised: their first launch compiles them (and raises there, with
-    the launch's context, if they really cannot)."""
+def compile_variants(variants: list[Variant], target: Any, workers: int | None = None) -> CompileReport:
+    """Compile ``variants`` for ``target`` in ``workers`` spawned processes into Triton's on-disk cache;
+    blocks until all are done. Variants that fail are counted, not raised: their first launch compiles
+    them (and raises there, with the launch's context, if they really cannot)."""
     began = time.perf_counter()
-    if not variants:
+    count = min(len(variants), workers or default_workers())
+    if count == 0:
         return CompileReport(0, 0, 0.0)
-    first, rest = variants[0], variants[1:]
-    failed = 0 if _try(first) else 1
-    if time.perf_counter() - began < CACHED_LOAD_S:
-        failed += sum(not _try(v) for v in rest)
-        return CompileReport(len(variants), 0, time.perf_counter() - began, failed)
-    count = min(len(rest), workers or default_workers())
-    if count:
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
-            futures = [pool.submit(_compile_one, v.module, v.name, v.specialization) for v in rest]
-            failed += sum(f.exception() is not None for f in concurrent.futures.as_completed(futures))
-    return CompileReport(len(variants), count, time.perf_counter() - began, failed)
+    errors: list[BaseException] = []
+    context = multiprocessing.get_context("spawn")  # this process holds CUDA: never fork it
+    with concurrent.futures.ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
+        futures = [pool.submit(_compile_one, v.module, v.name, v.specialization, target) for v in variants]
+        for future in concurrent.futures.as_completed(futures):
+            error = future.exception()
+            if error is not None:
+                errors.append(error)
+    first = f"{type(errors[0]).__name__}: {errors[0]}"[:200] if errors else ""
+    return CompileReport(len(variants), count, time.perf_counter() - began, len(errors), first)
 
 
-def _try(variant: Variant) -> bool:
-    try:
-        _compile_one(variant.module, variant.name, variant.specialization)
-    except Exception:
-        return False
-    return True
+def warm_marker(fingerprint: str) -> Path:
+    """The file in Triton's cache directory that says a warm-up with ``fingerprint`` (whatever fixes its
+    variants: layer shapes, precision, buckets, GPU, versions) has been precompiled into it."""
+    from triton import knobs
+
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:24]
+    return Path(knobs.cache.dir) / f"streamdec-precompiled-{digest}"
 
 
-def _compile_one(module: str, name: str, specialization: str) -> None:
-    # In a fresh process: the kernel's module is imported here, and its JITFunction compiles the variant
-    # from the record exactly as a launch would, writing the binary to the shared on-disk cache.
+def _compile_one(module: str, name: str, specialization: str, target: Any) -> None:
+    # In a fresh process (no CUDA needed): the kernel's module is imported here and the variant compiled
+    # from Triton's record of it, rebuilt as JITFunction.preload rebuilds it, for the given target.
+    import triton
+    import triton.language as tl
+    from triton.compiler import ASTSource, make_backend
+
     kernel = getattr(importlib.import_module(module), name)
-    kernel.preload(specialization)
+    record = json.loads(specialization)
+    constexprs = {
+        tuple(path): (
+            tl.dtype(value)
+            if tl.dtype.is_dtype(value)
+            else tl.constexpr(value["constexpr"])
+            if isinstance(value, dict) and "constexpr" in value
+            else value
+        )
+        for path, value in zip(record["constant_keys"], record["constant_vals"], strict=True)
+    }
+    attrs = dict(zip(map(tuple, record["attrs_keys"]), record["attrs_vals"], strict=True))
+    signature = {arg: _tuples(kind) for arg, kind in record["signature"].items()}
+    # JSON made the options' tuples lists; the options' hash (part of the cache key) needs them back.
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in record["options"].items()}
+    parsed = make_backend(target).parse_options(options)
+    triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=parsed.__dict__)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
