@@ -101,16 +101,10 @@ def _conv1d_f16x3_kernel(
             # TIN into the next batch row (or zero fill at the ends). Those only feed outputs the store
             # masks off (output t reads inputs t + tap * DIL < TIN of its own row).
             w_hi = w_hi_desc.load([tap * COUT + m0, c0])
-            if ROWS == 1:
-                x_hi = x_hi_desc.load([batch * TIN + n0 + tap * DIL, c0]).T  # [BLOCK_K, BLOCK_N], K-major
-            else:  # a [ROWS, ROW_N, BLOCK_K] box: zero fill past each row's end and past the batch
-                x_hi = x_hi_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
+            x_hi = _input_box(x_hi_desc, batch, TIN, n0 + tap * DIL, c0, BLOCK_N, BLOCK_K, ROWS)
             if PRODUCTS == 3:
                 w_lo = w_lo_desc.load([tap * COUT + m0, c0])
-                if ROWS == 1:
-                    x_lo = x_lo_desc.load([batch * TIN + n0 + tap * DIL, c0]).T
-                else:
-                    x_lo = x_lo_desc.load([batch, n0 + tap * DIL, c0]).reshape(BLOCK_N, BLOCK_K).T
+                x_lo = _input_box(x_lo_desc, batch, TIN, n0 + tap * DIL, c0, BLOCK_N, BLOCK_K, ROWS)
                 part = tl.dot(w_lo, x_hi)
                 part = tl.dot(w_hi, x_lo, part)
                 part = tl.dot(w_hi, x_hi, part)
@@ -145,6 +139,17 @@ def _conv1d_f16x3_kernel(
         if HAS_RES:
             y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
         tl.store(out_ptr + corner + local, y, mask=mask)
+
+
+@triton.jit
+def _input_box(desc, batch, TIN, start, c0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
+    """One step's input operand, ``[BLOCK_K, BLOCK_N]`` K-major, from samples ``start ..`` and channels
+    ``c0 ..``: one row's box of the flattened ``[B * TIN, CP]`` input, or (short rows packed) a
+    ``[ROWS, BLOCK_N // ROWS, BLOCK_K]`` box of ``[B, TIN, CP]``, zero-filled past each row's end and past
+    the batch (8 samples are one 128-byte swizzle atom, so the reshape moves nothing)."""
+    if ROWS == 1:
+        return desc.load([batch * TIN + start, c0]).T
+    return desc.load([batch, start, c0]).reshape(BLOCK_N, BLOCK_K).T
 
 
 @triton.jit
@@ -310,8 +315,8 @@ def split_f16(
     (``head``, ``[B, C, H]``, may be None), in two kernels (a row-peak pass, then the split) rather than the
     handful of elementwise ones, nothing for ``torch.compile`` to generate per layer, and no padded or
     concatenated copy. ``peak`` (int32 ``[B]``, the float32 bits of each row's largest ``|x|``, as the
-    fused activation hands them over) skips the first; it must cover ``head`` too. ``tails=False`` leaves
-    ``lo`` unwritten (the single-product precision never reads it)."""
+    fused activation hands them over) skips the first; it must cover ``head`` too. ``tails=False`` writes
+    no tails and returns ``hi`` in ``lo``'s place (the single-product precision never reads it)."""
     batch, channels, samples = x.shape
     x = x.contiguous()
     head = x[..., :0] if head is None else head.contiguous()
@@ -320,7 +325,7 @@ def split_f16(
     length = pad_left + kept + samples + pad_right
     amax = peak if peak is not None else torch.zeros(batch, dtype=torch.int32, device=x.device)
     hi = torch.empty(batch, length, padded, dtype=torch.float16, device=x.device)
-    lo = torch.empty_like(hi)
+    lo = torch.empty_like(hi) if tails else hi  # without tails nothing reads ``lo``: no buffer for it
     inverse = torch.empty(batch, dtype=torch.float32, device=x.device)
     if batch == 0 or length == 0:
         return hi, lo, inverse

@@ -372,9 +372,12 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
         x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
         bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
         residual: torch.Tensor | None = None, peak: torch.Tensor | None = None, phases: int = 1,
+        head: torch.Tensor | None = None, products: int = 3,
     ) -> torch.Tensor:  # fmt: skip
-        parts = tc.split_f16(x, pad_left, pad_right, peak)
-        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases)
+        parts = tc.split_f16(x, pad_left, pad_right, peak, head, tails=products == 3)
+        return tc.conv1d_f16x3(
+            *parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases, products=products
+        )
 
     assert_tiny_decodes_through(monkeypatch, "fp16x3", "conv1d_split_f16", interpreted)
 
