@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import streamdec
 from streamdec.codecs.stateful import StatefulNet, supports_stateful
@@ -156,3 +160,68 @@ def test_scheduler_holds_work_until_its_deadline_nears_or_its_bucket_fills() -> 
         s.push(i + 1, 4, deadline=10.0, kind="step")
     assert s.hold(now=9.0, replay_s=instant, lead=0.5) is None  # four rows fill the largest bucket
     assert s.buckets_for("prime", 11) == (1, 2)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops a block of code dispatches, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["tiny", "dac-tiny"])
+def test_fused_pool_gives_the_per_layer_bits_with_repeated_scratch_slots(name: str) -> None:
+    """A fused pool (one gather a call, residuals handed to the conv) gives the per-layer pool's audio and
+    states bit for bit, for steps longer and shorter than the delay lines and with several padding rows
+    on the scratch slot; it reads the pool once a call, where the per-layer pool reads it once a layer."""
+    codec = streamdec.load_codec(name, dtype=torch.float32)
+    net = StatefulNet(codec)
+    pools = [
+        StatePool(net, 4, device=torch.device("cpu"), dtype=torch.float32, fused=f) for f in (True, False)
+    ]
+    gen = torch.Generator().manual_seed(2)
+    index = torch.tensor([4, 2, 4, 0, 4])  # 4: the scratch slot, three times
+    live = index != 4
+    calls = [
+        ("prime", torch.arange(4), torch.randn(4, net.min_prime_frames + 1, codec.latent_dim, generator=gen))
+    ]
+    calls += [("step", index, torch.randn(5, n, codec.latent_dim, generator=gen)) for n in (4, 1, 7)]
+    calls.append(("flush", index, torch.randn(5, 2, codec.latent_dim, generator=gen)))
+    with torch.inference_mode():
+        for kind, slots, z in calls:
+            counters = [_OpCounter(), _OpCounter()]
+            outs = []
+            for pool, counter in zip(pools, counters, strict=True):
+                with counter:
+                    outs.append(pool.fn(kind)(slots, z))
+            rows = slice(None) if kind == "prime" else live
+            assert torch.equal(outs[0][rows], outs[1][rows]), kind
+            assert torch.equal(pools[0].flat[:4], pools[1].flat[:4]), kind
+            if kind != "prime":
+                assert counters[0].counts["index_select"] == 1
+                assert counters[1].counts["index_select"] == len(net.leaves)
+    assert pools[0].nbytes == net.state_bytes() * 5
+
+
+def test_fused_step_after_a_prime_equals_the_direct_net() -> None:
+    """The pool's fused step after its prime equals StatefulNet.step on the prime's state (no pool)."""
+    codec32 = streamdec.load_codec("tiny", dtype=torch.float32)
+    net = StatefulNet(codec32)
+    pool = StatePool(net, 2, device=torch.device("cpu"), dtype=torch.float32)
+    z = torch.randn(
+        2, net.min_prime_frames + 4, codec32.latent_dim, generator=torch.Generator().manual_seed(8)
+    )
+    n0 = net.min_prime_frames
+    with torch.inference_mode():
+        pool.prime(torch.tensor([1, 0]), z[:, :n0])
+        stepped = pool.step(torch.tensor([1, 0]), z[:, n0:])
+        _, state = net.prime(z[:, :n0])
+        direct, new_state = net.step(z[:, n0:], state)
+    assert torch.equal(stepped, direct)
+    for pool_view, s in zip(pool.tensors, new_state, strict=True):
+        assert torch.equal(pool_view[[1, 0]], s)  # batch row 0 is slot 1
