@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_step import capture_graph, parse_bucket, time_graph
+from bench_step import parse_bucket, time_graph
 from torch.profiler import DeviceType, ProfilerActivity, profile
 
 from streamdec.codecs import load_codec
@@ -45,12 +45,18 @@ def _profiled(fn: Callable[[], Any]) -> tuple[profile, float, int]:
 
 
 def _graph_row(fn: Callable[[], Any], replays: int, repeats: int) -> tuple[float, float]:
-    """(replay ms, graph memory GiB) of ``fn`` captured alone in a fresh graph pool."""
+    """(replay ms, graph memory GiB) of ``fn`` (already run once: compiled, allocator warm) captured alone
+    in a fresh graph pool: the memory is what the capture reserved."""
     torch.cuda.synchronize()
     before = torch.cuda.memory_reserved()
-    replay = capture_graph(fn)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
     memory = (torch.cuda.memory_reserved() - before) / 2**30
-    return time_graph(replay, replays, repeats), memory
+    ms = time_graph(graph.replay, replays, repeats)
+    del graph
+    torch.cuda.empty_cache()
+    return ms, memory
 
 
 def main() -> None:
