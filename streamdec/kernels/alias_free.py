@@ -168,14 +168,15 @@ def _(
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        return _window_cuda(tk, head, x, filt, alpha_exp, beta_inv, start, length, None)
+        return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, None)
 
 
-def _window_cuda(
+def window_launch(
     tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
     length: int, peak: Tensor | None,
 ) -> Tensor:  # fmt: skip
-    """The window kernel's launch; the head is read where it lies (its batch rows may lie apart)."""
+    """The window kernel's launch on the current device; the head is read where it lies (its batch rows may
+    lie apart); ``peak``, if given, is raised to the window's row peaks."""
     batch, channels, samples = x.shape
     flat = x.contiguous().view(batch * channels, samples)
     kept = head if head.shape[-1] else None
@@ -228,11 +229,20 @@ def _(
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        if before is None:
-            peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
-        else:
-            peak = tk.row_peaks(before)
-        return _window_cuda(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak), peak
+        return window_peak_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, before)
+
+
+def window_peak_launch(
+    tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
+    length: int, before: Tensor | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The window-with-peak op's kernels (``tk``: :mod:`streamdec.kernels._triton_alias_free`) on the
+    current device: the history's peaks stored, then raised by the window kernel as it writes."""
+    if before is None:
+        peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    else:
+        peak = tk.row_peaks(before)
+    return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak), peak
 
 
 def _check_before(before: Tensor | None, x: Tensor) -> None:
