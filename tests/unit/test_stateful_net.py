@@ -276,6 +276,7 @@ def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple
 
 
 @needs_interpreter
+@pytest.mark.timeout(1800)  # about ten minutes of interpreted kernels on two shared cores
 def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
