@@ -1,53 +1,119 @@
-"""Where a stateful step's device time goes: the top kernels of one eager step against a whole-clip decode
-of as many frames, under torch.profiler (same codec, precision and run).
+"""Where a stateful step's device time goes, fused against per-layer, beside a whole-clip decode.
+
+For each step bucket (streams x frames) and each way of running a step (``fused``: one gather of every
+layer's state, residual adds in the conv epilogue, activation row peaks handed over; ``per-layer``:
+``StatePool(fused=False)``, a gather and a scatter per layer and nothing handed over), it prints the
+eager step's kernel launches and kernel time under torch.profiler, and the captured graph's replay time
+(CUDA events: a warm-up, then the median of ``--repeats`` runs of ``--replays`` replays) and its graph
+memory. Both ways start from the same primed state and must give the same bits (printed). Then the top
+kernels of the first bucket, both ways, and of a whole-clip decode of as many frames:
 
     python3 scripts/profile_stateful.py --codec auk-24k --batch 256 --frames 4
+    python3 scripts/profile_stateful.py --codec auk-24k --batch 1 --frames 4 --buckets 16x4 64x4
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from bench_step import parse_bucket, time_graph
+from torch.profiler import DeviceType, ProfilerActivity, profile
 
 from streamdec.codecs import load_codec
 from streamdec.codecs.stateful import StatefulNet
 from streamdec.engine.slots import StatePool
+
+_WAYS = {"fused": True, "per-layer": False}
 
 
 def _top(prof: profile, rows: int) -> str:
     return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60))
 
 
+def _profiled(fn: Callable[[], Any]) -> tuple[profile, float, int]:
+    """``fn`` once under the profiler: (profile, ms of kernels, device launches: kernels, copies, sets)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    total = sum(e.device_time_total for e in prof.key_averages()) / 1e3
+    launches = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return prof, total, launches
+
+
+def _graph_row(fn: Callable[[], Any], replays: int, repeats: int) -> tuple[float, float]:
+    """(replay ms, graph memory GiB) of ``fn`` (already run once: compiled, allocator warm) captured alone
+    in a fresh graph pool: the memory is what the capture reserved."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    memory = (torch.cuda.memory_reserved() - before) / 2**30
+    ms = time_graph(graph.replay, replays, repeats)
+    del graph
+    torch.cuda.empty_cache()
+    return ms, memory
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--codec", default="auk-24k")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--frames", type=int, default=4)
+    ap.add_argument("--buckets", nargs="*", default=[], help="more buckets to time, streams x frames")
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    buckets = [(args.batch, args.frames), *(parse_bucket(b) for b in args.buckets)]
     codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
     print("precision", codec.use_auto_precision())
     net = StatefulNet(codec)
-    pool = StatePool(net, args.batch, device=torch.device("cuda"), dtype=torch.float32)
-    slots = torch.arange(args.batch, device="cuda")
-    z = torch.randn(args.batch, args.frames, codec.latent_dim, device="cuda")
-    prime = torch.randn(args.batch, net.min_prime_frames + 4, codec.latent_dim, device="cuda")
-    whole = torch.randn(max(1, args.batch * args.frames // 64), 64, codec.latent_dim, device="cuda")
+    slots = max(b for b, _ in buckets)
+    cuda = torch.device("cuda")
+    pools = {
+        way: StatePool(net, slots, device=cuda, dtype=torch.float32, fused=f) for way, f in _WAYS.items()
+    }
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    prime = torch.randn(slots, net.min_prime_frames + 4, codec.latent_dim, device="cuda", generator=gen)
+    every = torch.arange(slots, device="cuda")
+    tops: dict[str, profile] = {}
+    print(f"{'bucket':>8} {'way':>10} {'launches':>9} {'kernel ms':>10} {'replay ms':>10} {'graph GiB':>10}")
     with torch.inference_mode(), codec.numerics():
-        pool.prime(slots, prime)
-        for _ in range(2):
-            pool.step(slots, z)
-            codec.decode(whole)
-        torch.cuda.synchronize()
-        for label, fn in (("step", lambda: pool.step(slots, z)), ("whole", lambda: codec.decode(whole))):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                fn()
-                torch.cuda.synchronize()
-            total = sum(e.device_time_total for e in prof.key_averages()) / 1e3
-            print(f"== {label}: {total:.1f} ms of kernels")
-            print(_top(prof, args.rows))
+        for batch, frames in buckets:
+            # padding rows at the scratch slot, the live ones anywhere in the pool, as a server's batches are
+            index = torch.randperm(slots, device="cuda", generator=gen)[:batch]
+            if batch >= 4:
+                index[batch // 2 :: 3] = slots
+            live = index != slots
+            z = torch.randn(batch, frames, codec.latent_dim, device="cuda", generator=gen)
+            outs = {}
+            for way, pool in pools.items():
+                pool.prime(every, prime)
+                outs[way] = (pool.step(index, z)[live], pool.flat[:slots].clone())  # the scratch row: any
+                pool.step(index, z)  # warm-up (Triton compiles, allocator)
+                step = functools.partial(pool.step, index, z)
+                prof, kernel_ms, launches = _profiled(step)
+                tops.setdefault(way, prof)
+                replay_ms, gib = _graph_row(step, args.replays, args.repeats)
+                bucket = f"{batch}x{frames}"
+                print(
+                    f"{bucket:>8} {way:>10} {launches:>9} {kernel_ms:>10.2f} {replay_ms:>10.2f} {gib:>10.2f}"
+                )
+            (fa, fs), (pa, ps) = outs["fused"], outs["per-layer"]
+            print(f"{'':>8} same bits, audio: {torch.equal(fa, pa)}, new state: {torch.equal(fs, ps)}")
+        whole = torch.randn(max(1, args.batch * args.frames // 64), 64, codec.latent_dim, device="cuda")
+        codec.decode(whole)
+        whole_prof, whole_ms, whole_launches = _profiled(lambda: codec.decode(whole))
+    for way, prof in tops.items():
+        print(f"== step {args.batch}x{args.frames}, {way}")
+        print(_top(prof, args.rows))
+    print(f"== whole clip {tuple(whole.shape[:2])}: {whole_ms:.1f} ms of kernels, {whole_launches} launches")
+    print(_top(whole_prof, args.rows))
 
 
 if __name__ == "__main__":

@@ -80,9 +80,14 @@ class StateSpec:
 class StateIO(Protocol):
     """Where a call reads each leaf's state (``get``) and writes its new state (``put``), by leaf index.
 
-    Every leaf reads its state before it writes the new one, and ``get`` returns a tensor the caller may
-    keep (a copy, or a state nobody writes again), so a store may write a new state the moment it is put.
+    Every leaf reads its state, computes, then writes the new one; ``get`` returns a tensor that no
+    ``put`` of the same call changes (a copy, or a state nobody writes again), so a store may write a new
+    state the moment it is put. ``fuse`` lets a call hand work across layers where the kernels allow it
+    (a residual added in a convolution's epilogue, an activation's row peaks handed to the convolution
+    after it): the same values, bit for bit, in fewer passes.
     """
+
+    fuse: bool
 
     def get(self, index: int) -> Tensor: ...
 
@@ -91,6 +96,8 @@ class StateIO(Protocol):
 
 class _States:
     """A :class:`StateIO` over a list of tensors: the new states are collected for the caller."""
+
+    fuse = True
 
     def __init__(self, tensors: Sequence[Tensor] | None, count: int) -> None:
         self.inputs = tensors
@@ -213,6 +220,10 @@ class Windowed(Protocol):
 
     def window(self, head: Tensor, x: Tensor, start: int, length: int) -> Tensor: ...
 
+    def window_with_peak(
+        self, head: Tensor, x: Tensor, start: int, length: int, before: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]: ...
+
 
 class Leaf(Stateful):
     """A layer whose output ``t`` reads inputs ``t-a .. t+b``, run on ``cat(state, x)``, keeping only the
@@ -247,8 +258,22 @@ class Leaf(Stateful):
 
     def step(self, x: Tensor, states: StateIO) -> Tensor:
         head = self._history(x, states)
+        out = self.layer.window(head, x, self.a, x.shape[-1])
         self._keep_after(head, x, states)
-        return self.layer.window(head, x, self.a, x.shape[-1])
+        return out
+
+    def step_before(self, x: Tensor, states: StateIO, conv: Conv) -> tuple[Tensor, Tensor | None]:
+        """:meth:`step`, and the row peaks that ``conv``'s float16 split of its history and this output
+        needs, where the fused activation takes them as it writes (None elsewhere: the split takes its
+        own)."""
+        head = self._history(x, states)
+        if conv.conv.takes_peak(x):
+            before = states.get(conv.index) if conv.state_len else None
+            out, peak = self.layer.window_with_peak(head, x, self.a, x.shape[-1], before)
+        else:
+            out, peak = self.layer.window(head, x, self.a, x.shape[-1]), None
+        self._keep_after(head, x, states)
+        return out, peak
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self.layer.window(self._history(x, states), x, self.a, self.b + x.shape[-1])
@@ -280,12 +305,18 @@ class Conv(Stateful):
 
     # Steps hand the kept history to the convolution as a separate head: the float16 kernel's input split
     # reads history and new samples in place, so no concatenated buffer is written and read back.
-    def step(self, x: Tensor, states: StateIO) -> Tensor:
+    def step(
+        self, x: Tensor, states: StateIO, peak: Tensor | None = None, residual: Tensor | None = None
+    ) -> Tensor:
+        """``conv(cat(state, x))``, plus ``residual`` (a residual unit's delayed identity, added in the
+        float16 kernel's epilogue); ``peak``: the row peaks of ``cat(state, x)``, if the activation
+        before handed them over (:meth:`Leaf.step_before`)."""
         if self.state_len == 0:
-            return self.conv.convolve(x, (0, 0))
+            return self.conv.convolve(x, (0, 0), None, residual, peak)
         head = states.get(self.index)
+        out = self.conv.convolve(x, (0, 0), head, residual, peak)
         self._keep_after(head, x, states)
-        return self.conv.convolve(x, (0, 0), head)
+        return out
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
         head = states.get(self.index) if self.state_len else None
@@ -355,10 +386,9 @@ class Delay(Stateful):
         if self.state_len == 0:
             return x
         head, n = states.get(self.index), x.shape[-1]
+        out = head[..., :n] if n <= self.state_len else torch.cat([head, x[..., : n - self.state_len]], -1)
         self._keep_after(head, x, states)
-        if n <= self.state_len:
-            return head[..., :n]
-        return torch.cat([head, x[..., : n - self.state_len]], dim=-1)
+        return out
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self._buffer(x, states)
@@ -392,9 +422,22 @@ class Seq(Node):
             x = node.prime(x, states)
         return x
 
-    def step(self, x: Tensor, states: StateIO) -> Tensor:
-        for node in self.nodes:
-            x = node.step(x, states)
+    def step(self, x: Tensor, states: StateIO, residual: Tensor | None = None) -> Tensor:
+        """The nodes in order, plus ``residual`` at the end: in the last node's epilogue if it is a
+        convolution. Where ``states.fuse``, an activation hands its row peaks to the convolution after it."""
+        peak, last = None, len(self.nodes) - 1
+        for i, node in enumerate(self.nodes):
+            after = self.nodes[i + 1] if i < last else None
+            if isinstance(node, Conv):
+                x = node.step(x, states, peak, residual if i == last else None)
+            elif states.fuse and isinstance(node, Leaf) and isinstance(after, Conv):
+                x, peak = node.step_before(x, states, after)
+                continue
+            else:
+                x = node.step(x, states)
+            peak = None
+        if residual is not None and not (self.nodes and isinstance(self.nodes[-1], Conv)):
+            x = residual + x
         return x
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
@@ -448,6 +491,15 @@ class Residual(_Parallel):
     def combine(self, outs: list[Tensor]) -> Tensor:
         branch, identity = outs
         return identity + branch if self.identity_first else branch + identity
+
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
+        """Where ``states.fuse`` and the branch ends in a convolution, the identity is added in that
+        convolution's epilogue: one float32 add of the same two values (``a + b`` and ``b + a`` round
+        alike, so either family order gives the same bits), and no separate pass over the output."""
+        branch, identity = self.branches
+        if states.fuse and isinstance(branch, Seq) and branch.nodes and isinstance(branch.nodes[-1], Conv):
+            return branch.step(x, states, residual=identity.step(x, states))
+        return super().step(x, states)
 
 
 class Mean(_Parallel):

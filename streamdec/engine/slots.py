@@ -1,11 +1,15 @@
 """Stateful streams on the device: a pool of per-stream layer state, and batched prime/step/flush calls.
 
-Every stream in stateful mode owns a *slot*: row ``slot`` of one pool tensor per stateful layer
-(``[slots + 1, channels, state_len]``, allocated once at start-up, so addresses never change and a captured
-graph can read and write them). A batched call takes the slots of its rows as an index tensor and runs
-:class:`~streamdec.codecs.stateful.StatefulNet` once for all rows; each layer gathers its rows' state as it
-reaches it and scatters its new state straight back, all inside one replay. Padding rows of a batch
-bucket point at the extra last row, a scratch slot nobody owns, so they never touch a live stream's state.
+Every stream in stateful mode owns a *slot*: row ``slot`` of one pool tensor ``[slots + 1, width]``
+holding every stateful layer's state side by side (layer ``i`` is the view ``[slots + 1, channels,
+state_len]`` of its columns), allocated once at start-up, so addresses never change and a captured graph
+can read and write them. A batched call takes the slots of its rows as an index tensor and runs
+:class:`~streamdec.codecs.stateful.StatefulNet` once for all rows: the first layer that reads state
+gathers every layer's state of those rows in one copy (``[B, width]``; each layer reads its view of it in
+place), and each layer scatters its new state into the pool once it has computed, all inside one replay.
+Reads come from the call's copy and writes go to the pool, so no write can change what a later layer
+reads. Padding rows of a batch bucket point at the extra last row, a scratch slot nobody owns, so they
+never touch a live stream's state (several padding rows write it at once: whichever wins, nobody reads it).
 
 Slot bookkeeping (:class:`SlotAllocator`) is pure Python; the engine's lock guards it.
 """
@@ -58,20 +62,39 @@ class SlotAllocator:
 
 
 class StatePool:
-    """Per-layer state of ``slots`` streams (plus one scratch row) on the codec's device."""
+    """Per-layer state of ``slots`` streams (plus one scratch row) on the codec's device.
 
-    def __init__(self, net: StatefulNet, slots: int, *, device: torch.device, dtype: torch.dtype) -> None:
+    ``fused`` (default) runs the calls with one gather of every layer's state and the work handed across
+    layers (:class:`~streamdec.codecs.stateful.StateIO`); ``fused=False`` gathers each layer's state
+    apart and hands nothing over. Both give the same bits."""
+
+    def __init__(
+        self, net: StatefulNet, slots: int, *, device: torch.device, dtype: torch.dtype, fused: bool = True
+    ) -> None:
         self.net = net
         self.slots = slots
         self.scratch = slots  # the row padding rows read and write
-        self.tensors = [
-            torch.zeros(slots + 1, spec.channels, spec.length, device=device, dtype=dtype)
-            for spec in net.specs
-        ]
+        self.fused = fused
+        widths = [spec.channels * spec.length for spec in net.specs]
+        self.flat = torch.zeros(slots + 1, sum(widths), device=device, dtype=dtype)
+        self.tensors: list[Tensor] = []  # each layer's view [slots + 1, channels, length] of its columns
+        start = 0
+        for spec, width in zip(net.specs, widths, strict=True):
+            self.tensors.append(
+                self.flat[:, start : start + width].view(slots + 1, spec.channels, spec.length)
+            )
+            start += width
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors)
+        return self.flat.numel() * self.flat.element_size()
+
+    def _io(self, slots: Tensor) -> _GatheredStates | _SlotStates:
+        return (
+            _GatheredStates(self.flat, self.tensors, slots)
+            if self.fused
+            else _SlotStates(self.tensors, slots)
+        )
 
     def fn(self, kind: str) -> StepFn:
         """The batched call for ``kind`` (``"prime"``, ``"step"`` or ``"flush"``): capturable, no host sync."""
@@ -84,24 +107,63 @@ class StatePool:
         raise ConfigError(f"unknown stateful call {kind!r}: expected 'prime', 'step' or 'flush'")
 
     def prime(self, slots: Tensor, z: Tensor) -> Tensor:
-        return self.net.prime_into(z, _SlotStates(self.tensors, slots))
+        return self.net.prime_into(z, self._io(slots))
 
     def step(self, slots: Tensor, z: Tensor) -> Tensor:
-        return self.net.step_with(z, _SlotStates(self.tensors, slots))
+        return self.net.step_with(z, self._io(slots))
 
     def flush(self, slots: Tensor, z: Tensor) -> Tensor:
-        return self.net.flush_with(z, _SlotStates(self.tensors, slots))
+        return self.net.flush_with(z, self._io(slots))
+
+
+class _GatheredStates:
+    """The states of the streams in ``slots``: gathered from the pool for every layer in one copy when the
+    first layer reads, and scattered back layer by layer the moment a layer has its new state.
+
+    One gather instead of one per layer: a step of auk-24k reads about 140 states, and at small batches
+    the step's time is its launches. The copy is ``B x`` a stream's state (0.67 GB at 256 rows of
+    auk-24k) and lives for the call. New states go to the pool as soon as they exist: a new state is a
+    view of its layer's whole input, and collecting them all until the end of the call would hold every
+    layer's input at once (8 GiB for 64 x 16 frames of auk-24k). Writes never reach the call's copy, so
+    they never change what a layer reads.
+    """
+
+    fuse = True
+
+    def __init__(self, flat: Tensor, tensors: list[Tensor], slots: Tensor) -> None:
+        self.flat = flat
+        self.tensors = tensors
+        self.slots = slots
+        self._views: list[Tensor] | None = None
+
+    def get(self, index: int) -> Tensor:
+        if self._views is None:
+            self._views = self._gather()
+        return self._views[index]
+
+    def _gather(self) -> list[Tensor]:
+        rows = self.flat.index_select(0, self.slots)  # [B, width], one launch for every layer
+        views, start = [], 0
+        for pool in self.tensors:
+            width = pool.shape[1] * pool.shape[2]
+            views.append(rows[:, start : start + width].view(rows.shape[0], pool.shape[1], pool.shape[2]))
+            start += width
+        return views
+
+    def put(self, index: int, value: Tensor) -> None:
+        pool = self.tensors[index]
+        pool.index_copy_(0, self.slots, value.to(pool.dtype))
 
 
 class _SlotStates:
     """The states of the streams in ``slots``, gathered from the pool when a layer reads them and
-    scattered back the moment the layer has its new state.
+    scattered back the moment the layer has its new state, with nothing handed across layers: the
+    unfused step (``StatePool(fused=False)``), kept to measure and check the fused one against.
 
-    Reading and writing layer by layer bounds a call's working memory by one layer's tensors: a new
-    state is a view of its layer's whole input, and collecting them all until the end of the call held
-    every layer's input at once (8 GiB for 64 x 16 frames of auk-24k). Each leaf reads its state before
-    writing it, and a read is a copy (``index_select``), so writing early never changes what is read.
+    A read is a copy (``index_select``), so writing early never changes what is read.
     """
+
+    fuse = False
 
     def __init__(self, tensors: list[Tensor], slots: Tensor) -> None:
         self.tensors = tensors

@@ -67,7 +67,8 @@ def _sum6(c0, c1, c2, c3, c4, c5, x0, x1, x2, x3, x4, x5):
 
 @triton.jit
 def _load_at(base, head, i, last, H, HAS_HEAD: tl.constexpr):
-    """Sample ``clamp(i, 0, last)`` of the row ``cat(head, x)`` (``x`` at ``base``; ``H`` head samples)."""
+    """Sample ``clamp(i, 0, last)`` of the row ``cat(head, x)`` (``x`` at ``base``, the head's row at
+    ``head``; ``H`` head samples)."""
     j = tl.minimum(tl.maximum(i, 0), last)
     if HAS_HEAD:  # one load from whichever part holds the sample
         return tl.load(tl.where(j < H, head + j, base + (j - H)))
@@ -78,9 +79,9 @@ def _load_at(base, head, i, last, H, HAS_HEAD: tl.constexpr):
 # S they need once (2 + 10/K SnakeBetas per output instead of 12 when each output computes its own); outputs leave through a join as
 # one contiguous [BLOCK, 8] tile. Generated text (one line per value): shifts between named registers are
 # free, where a vector shift is not.
-@triton.jit(do_not_specialize=["C", "R", "H", "START", "N"])
+@triton.jit(do_not_specialize=["C", "R", "H", "HEAD_BATCH", "START", "N"])
 def _af_blocked_kernel(
-    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, R, head_ptr, H, START, N,
+    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, R, head_ptr, H, HEAD_BATCH, START, N,
     BLOCK: tl.constexpr, K: tl.constexpr, ROW_LANES: tl.constexpr, WITH_PEAK: tl.constexpr,
     HAS_HEAD: tl.constexpr,
 ):  # fmt: skip
@@ -120,7 +121,9 @@ def _af_blocked_kernel(
     g0, g1, g2, g3, g4, g5 = 2.0 * f0, 2.0 * f1, 2.0 * f2, 2.0 * f3, 2.0 * f4, 2.0 * f5
     g6, g7, g8, g9, g10, g11 = 2.0 * f6, 2.0 * f7, 2.0 * f8, 2.0 * f9, 2.0 * f10, 2.0 * f11
     base = x_ptr + row.to(tl.int64) * T
-    head = head_ptr + row.to(tl.int64) * H
+    # The head's batch rows may lie HEAD_BATCH apart (a stateful call's states, gathered slot-major), each
+    # batch row's channels contiguous.
+    head = head_ptr + (row // C).to(tl.int64) * HEAD_BATCH + c * H
     last = H + T - 1
     # fmt: off
     # Clamped loads everywhere: an unclamped interior branch (as the staged kernel had) next to the join below
@@ -247,20 +250,68 @@ def launch_blocked(
 ) -> None:
     """``x``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``;
     ``out``: contiguous ``[R, N]``, outputs ``start .. start + N - 1`` of the activation of each row
-    ``cat(head, x)`` (``head``, contiguous ``[R, H]``, may be None; ``start`` is 0 or at least 5).
+    ``cat(head, x)`` (``head`` may be None: ``[R, H]`` contiguous, or ``[B, C, H]`` whose batch rows may
+    lie apart, each one's channels contiguous; ``start`` is 0 or at least 5).
 
-    One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed) it also takes the float32 bits of each batch row's largest
+    One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed, or
+    holding peaks to fold in) it also raises each batch row's entry to the float32 bits of its largest
     ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
     rows, length = x.shape
     count = out.shape[1]
     if 0 < start < 5:
         raise ValueError(f"an output window starting at {start}: start at 0 or at least 5")
-    kept = 0 if head is None else head.shape[1]
+    kept, head_batch = 0, 0
+    if head is not None:
+        head = _rows_of(head, a.shape[0])
+        kept, head_batch = head.shape[-1], head.stride(0)
     row_lanes, lanes = lane_plan(count)
     grid = (triton.cdiv(rows, lanes // row_lanes), triton.cdiv(count, row_lanes * BLOCKED_K))
     _af_blocked_kernel[grid](
         x, out, filt, a, b, out if peak is None else peak, length, a.shape[0], rows,
-        x if head is None else head, kept, start, count,
+        x if head is None else head, kept, head_batch, start, count,
         BLOCK=lanes, K=BLOCKED_K, ROW_LANES=row_lanes, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
         num_warps=lanes // 32,
     )  # fmt: skip
+
+
+def _rows_of(head: torch.Tensor, channels: int) -> torch.Tensor:
+    """``head`` as ``[B, C, H]`` with each batch row's ``C * H`` samples contiguous (a copy only if not)."""
+    if head.dim() == 2:
+        head = head.view(-1, channels, head.shape[-1])
+    if head.stride(2) != 1 or head.stride(1) != head.shape[2]:
+        head = head.contiguous()
+    return head
+
+
+@triton.jit(do_not_specialize=["ROW", "STRIDE"])
+def _row_peak_kernel(x_ptr, peak_ptr, ROW, STRIDE, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """``peak_ptr[b]`` <- the float32 bits of ``max |x[b]|`` over the ``ROW <= STEPS * BLOCK`` contiguous
+    samples of batch row ``b`` (``STRIDE`` apart): one program per row, so the result is stored, not
+    raised atomically, and needs no zeroed buffer. (A static trip count: a loop to a runtime bound does
+    not run under the Triton interpreter.)"""
+    row = tl.program_id(0)
+    base = x_ptr + row.to(tl.int64) * STRIDE
+    best = tl.zeros([BLOCK], dtype=tl.int32)
+    for step in tl.static_range(STEPS):
+        offs = step * BLOCK + tl.arange(0, BLOCK)
+        values = tl.load(base + offs, mask=offs < ROW, other=0.0)
+        best = tl.maximum(best, tl.abs(values).to(tl.int32, bitcast=True))
+    tl.store(peak_ptr + row, tl.max(best, axis=0))
+
+
+_PEAK_BLOCK = 2048
+
+
+def row_peaks(x: torch.Tensor) -> torch.Tensor:
+    """int32 ``[B]``: the float32 bits of each batch row's largest ``|x|`` of ``x`` ``[B, C, H]`` (each
+    batch row's samples contiguous; rows may lie apart), in one launch."""
+    x = _rows_of(x, x.shape[1])
+    batch, channels, length = x.shape
+    peak = torch.empty(batch, dtype=torch.int32, device=x.device)
+    if batch and channels * length:
+        row = channels * length
+        steps = pow2_block(triton.cdiv(row, _PEAK_BLOCK), 1, 1 << 30)  # few trip counts: few compiles
+        _row_peak_kernel[(batch,)](x, peak, row, x.stride(0), BLOCK=_PEAK_BLOCK, STEPS=steps, num_warps=4)
+    elif batch:
+        peak.zero_()
+    return peak

@@ -238,19 +238,21 @@ def _pow2_from_amax(bits):
     return scale, inverse
 
 
-@triton.jit(do_not_specialize=["ROW"])
-def _row_amax_kernel(x_ptr, amax_ptr, ROW, BLOCK: tl.constexpr):
-    """``amax_ptr[b]`` (int32, zeroed) <- the float32 bits of ``max |x[b]|``: non-negative floats order as
-    their bits, so an integer atomic max is exact and independent of the programs' order."""
+@triton.jit(do_not_specialize=["ROW", "STRIDE"])
+def _row_amax_kernel(x_ptr, amax_ptr, ROW, STRIDE, BLOCK: tl.constexpr):
+    """``amax_ptr[b]`` (int32, zeroed) <- the float32 bits of ``max |x[b]|`` over the ``ROW`` contiguous
+    samples of batch row ``b`` (rows ``STRIDE`` apart): non-negative floats order as their bits, so an
+    integer atomic max is exact and independent of the programs' order."""
     row = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    values = tl.load(x_ptr + row.to(tl.int64) * ROW + offs, mask=offs < ROW, other=0.0)
+    values = tl.load(x_ptr + row.to(tl.int64) * STRIDE + offs, mask=offs < ROW, other=0.0)
     tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
 
 
-@triton.jit(do_not_specialize=["C", "H", "T", "PAD_LEFT", "T_OUT"])
+@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "T", "PAD_LEFT", "T_OUT"])
 def _split_kernel(
-    head_ptr,  # [B, C, H] float32, contiguous: the input's first H samples (a stream's kept history)
+    head_ptr,  # [B, C, H] float32: the input's first H samples (a stream's kept history); batch rows
+    # HEAD_BATCH apart, each one's C * H samples contiguous
     x_ptr,  # [B, C, T] float32, contiguous: the rest
     amax_ptr,  # [B] int32: bits of each row's peak
     hi_ptr,  # [B, T_OUT, CP] float16, channels-last: T_OUT = PAD_LEFT + H + T + right padding
@@ -258,6 +260,7 @@ def _split_kernel(
     inv_ptr,  # [B] float32: 2**-k
     C,
     H,
+    HEAD_BATCH,
     T,
     CP,
     PAD_LEFT,
@@ -285,7 +288,7 @@ def _split_kernel(
         other=0.0,  # the padding samples and channels
     )
     kept = tl.load(
-        head_ptr + (row.to(tl.int64) * C + offs_c[:, None]) * H + offs_t[None, :],
+        head_ptr + row.to(tl.int64) * HEAD_BATCH + offs_c[:, None] * H + offs_t[None, :],
         mask=c_ok & in_head,
         other=0.0,
     )
@@ -316,10 +319,15 @@ def split_f16(
     handful of elementwise ones, nothing for ``torch.compile`` to generate per layer, and no padded or
     concatenated copy. ``peak`` (int32 ``[B]``, the float32 bits of each row's largest ``|x|``, as the
     fused activation hands them over) skips the first; it must cover ``head`` too. ``tails=False`` writes
-    no tails and returns ``hi`` in ``lo``'s place (the single-product precision never reads it)."""
+    no tails and returns ``hi`` in ``lo``'s place (the single-product precision never reads it). ``head``'s
+    batch rows may lie apart (a stateful call's states, gathered slot-major): it is read in place if each
+    row's samples are contiguous."""
     batch, channels, samples = x.shape
     x = x.contiguous()
-    head = x[..., :0] if head is None else head.contiguous()
+    if head is None or head.shape[-1] == 0:
+        head = x[..., :0]
+    elif head.stride(2) != 1 or head.stride(1) != head.shape[2]:
+        head = head.contiguous()
     kept = head.shape[-1]
     padded = channels + (-channels % F16_CHANNEL_QUANTUM)
     length = pad_left + kept + samples + pad_right
@@ -333,10 +341,13 @@ def split_f16(
         for part in (head, x):
             row = channels * part.shape[-1]
             if row > 0:
-                _row_amax_kernel[(triton.cdiv(row, 4096), batch)](part, amax, row, BLOCK=4096, num_warps=8)
+                _row_amax_kernel[(triton.cdiv(row, 4096), batch)](
+                    part, amax, row, part.stride(0), BLOCK=4096, num_warps=8
+                )
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](
-        head if kept else x, x, amax, hi, lo, inverse, channels, kept, samples, padded, pad_left, length,
+        head if kept else x, x, amax, hi, lo, inverse, channels, kept, head.stride(0) if kept else 0,
+        samples, padded, pad_left, length,
         BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, num_warps=4,
     )  # fmt: skip
     return hi, lo, inverse

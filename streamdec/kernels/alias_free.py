@@ -19,6 +19,8 @@ path unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -32,6 +34,8 @@ __all__ = [
     "TAPS",
     "alias_free_activation",
     "alias_free_activation_peak",
+    "alias_free_activation_window",
+    "alias_free_activation_window_peak",
     "fused_supported",
     "polyphase_reference",
 ]
@@ -163,14 +167,90 @@ def _(
     _check(x, filt, alpha_exp, beta_inv)
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
+    with torch.cuda.device(x.device):
+        return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, None)
+
+
+def window_launch(
+    tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
+    length: int, peak: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """The window kernel's launch on the current device; the head is read where it lies (its batch rows may
+    lie apart); ``peak``, if given, is raised to the window's row peaks."""
     batch, channels, samples = x.shape
     flat = x.contiguous().view(batch * channels, samples)
-    kept = head.contiguous().view(batch * channels, head.shape[-1]) if head.shape[-1] else None
+    kept = head if head.shape[-1] else None
     out = flat.new_empty(batch * channels, length)
     args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
-    with torch.cuda.device(x.device):
-        tk.launch_blocked(*args, None, kept, start)
+    tk.launch_blocked(*args, peak, kept, start)
     return out.view(batch, channels, length)
+
+
+@torch.library.custom_op("streamdec::alias_free_activation_window_peak", mutates_args=())
+def alias_free_activation_window_peak(
+    head: Tensor,
+    x: Tensor,
+    filt: Tensor,
+    alpha_exp: Tensor,
+    beta_inv: Tensor,
+    start: int,
+    length: int,
+    before: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`alias_free_activation_window` and, per batch row, the float32 bits (int32 ``[B]``) of the
+    largest magnitude in ``cat(before, out)``: the row peaks of a float16 split convolution that reads
+    ``before`` (``[B, C', H']``, its kept history; None for none) and then this window, so its input split
+    makes no peak pass of its own. On CUDA one pass over ``before`` stores its peaks and the window
+    kernel raises them as it writes (two launches, no zeroed buffer)."""
+    _check_before(before, x)
+    out = alias_free_activation_window(head, x, filt, alpha_exp, beta_inv, start, length)
+    peak = _peak_bits(out)
+    if before is not None:
+        peak = torch.maximum(peak, _peak_bits(before)) if before.numel() else peak
+    return out, peak
+
+
+@alias_free_activation_window_peak.register_fake
+def _(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    before: Tensor | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    return x.new_empty(x.shape[0], x.shape[1], length), x.new_empty(x.shape[0], dtype=torch.int32)
+
+
+@alias_free_activation_window_peak.register_kernel("cuda")
+def _(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    before: Tensor | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    _check_window(head, x, start, length)
+    _check(x, filt, alpha_exp, beta_inv)
+    _check_before(before, x)
+    from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
+
+    with torch.cuda.device(x.device):
+        return window_peak_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, before)
+
+
+def window_peak_launch(
+    tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
+    length: int, before: Tensor | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The window-with-peak op's kernels (``tk``: :mod:`streamdec.kernels._triton_alias_free`) on the
+    current device: the history's peaks stored, then raised by the window kernel as it writes."""
+    if before is None:
+        peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    else:
+        peak = tk.row_peaks(before)
+    return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak), peak
+
+
+def _check_before(before: Tensor | None, x: Tensor) -> None:
+    if before is not None and (before.dim() != 3 or before.shape[0] != x.shape[0] or before.dtype != x.dtype):
+        raise ShapeError(
+            f"alias_free_activation_window_peak: a history of {tuple(before.shape)} {before.dtype} before "
+            f"outputs of {tuple(x.shape)} {x.dtype}: it needs their batch, three dimensions and dtype"
+        )
 
 
 def polyphase_reference(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:

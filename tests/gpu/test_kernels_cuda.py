@@ -212,3 +212,22 @@ def test_window_reads_history_in_place_and_keeps_only_its_outputs(kept: int, len
         assert torch.equal(window, whole[..., start : start + count])
     else:
         assert (window - whole[..., start : start + count]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("before_len", [0, 6, 40])
+def test_window_with_peak_gives_the_window_and_the_peaks_of_history_and_window(before_len: int) -> None:
+    """``alias_free_activation_window_peak``: the window op's bits, and each batch row's peak over the
+    next conv's history and the window, with heads whose batch rows lie apart (gathered slot-major)."""
+    act = random_activation(48, 40, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = torch.randn(64, 48 * (10 + before_len) + 7, device="cuda", generator=gen)
+    rows = rows * torch.logspace(-3, 3, 64, device="cuda")[:, None]
+    head = rows[:, : 48 * 10].view(64, 48, 10)  # batch rows 48 * (10 + before_len) + 7 apart
+    before = rows[:, 48 * 10 : 48 * (10 + before_len)].view(64, 48, before_len)
+    x = torch.randn(64, 48, 20, device="cuda", generator=gen)
+    args = (act.filter, act.act.alpha_exp, act.act.beta_inv, 8, 22)
+    want = torch.ops.streamdec.alias_free_activation_window(head.contiguous(), x, *args)
+    out, peak = torch.ops.streamdec.alias_free_activation_window_peak(head, x, *args, before)
+    assert torch.equal(out, want)
+    truth = torch.cat([before.reshape(64, -1), want.reshape(64, -1)], 1).abs().amax(1)
+    assert torch.equal(peak.view(torch.float32), truth)

@@ -196,3 +196,55 @@ def test_window_op_opcheck_cpu() -> None:
     torch.library.opcheck(
         torch.ops.streamdec.alias_free_activation_window.default, (head, x, *_op_args(act), 8, 21)
     )
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    kept=st.integers(0, 12),
+    before_len=st.integers(0, 9),
+    length=st.integers(1, 30),
+    seed=st.integers(0, 2**16),
+)
+def test_window_peak_op_gives_the_window_and_the_peaks_of_history_and_window(
+    kept: int, before_len: int, length: int, seed: int
+) -> None:
+    """``alias_free_activation_window_peak`` = the window op's bits, and per batch row the float32 bits of
+    the largest magnitude in ``cat(before, window)`` (the next conv's split input); a history of another
+    batch is a typed error."""
+    act = random_activation(3, seed)
+    gen = torch.Generator().manual_seed(seed)
+    head, x = torch.randn(2, 3, kept, generator=gen), torch.randn(2, 3, length, generator=gen)
+    before = torch.randn(2, 3, before_len, generator=gen) * torch.tensor([1e3, 1e-3])[:, None, None]
+    start = 8 if kept + length > 8 else 0
+    count = kept + length - start
+    window = torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, count)
+    for history in (before, None):
+        out, peak = torch.ops.streamdec.alias_free_activation_window_peak(
+            head, x, *_op_args(act), start, count, history
+        )
+        assert torch.equal(out, window)
+        rows = torch.cat([window, before], -1) if history is not None else window
+        assert torch.equal(peak.view(torch.float32), rows.abs().amax(dim=(1, 2)))
+    with pytest.raises(ShapeError):
+        torch.ops.streamdec.alias_free_activation_window_peak(
+            head, x, *_op_args(act), start, count, torch.cat([before, before])
+        )
+
+
+def test_window_peak_op_opcheck_cpu() -> None:
+    act = random_activation(4, 6)
+    head, x, before = torch.randn(2, 4, 10), torch.randn(2, 4, 20), torch.randn(2, 4, 6)
+    for history in (before, None):
+        torch.library.opcheck(
+            torch.ops.streamdec.alias_free_activation_window_peak.default,
+            (head, x, *_op_args(act), 8, 21, history),
+        )
+
+
+def test_layer_window_with_peak_hands_over_nothing_where_the_op_does_not_run() -> None:
+    """On the CPU the layer's window_with_peak is its window, with no peaks (the split takes its own)."""
+    act = random_activation(3, 1)
+    head, x = torch.randn(2, 3, 10), torch.randn(2, 3, 12)
+    out, peak = act.window_with_peak(head, x, 8, 14, torch.randn(2, 3, 4))
+    assert peak is None
+    assert torch.equal(out, act.window(head, x, 8, 14))

@@ -440,3 +440,76 @@ def test_single_product_is_chosen_by_precision_only_and_never_by_auto() -> None:
             {"batch": 1, "cin": 4, "cout": 6, "ksize": 3, "dilation": 1, "tout": 10, "bias": 0, "seed": 0}
         )
         split_conv1d_f16(x, *pack_split_weight_f16(w), None, 1, products=2)
+
+
+def _rows_apart(
+    scale: torch.Tensor, channels: int, length: int, gap: int, gen: torch.Generator
+) -> torch.Tensor:
+    """``[batch, channels, length]`` (row ``b`` scaled by ``scale[b]``) whose batch rows lie
+    ``channels * length + gap`` apart, each row's samples contiguous (a layer's view of a stateful call's
+    states, gathered slot-major)."""
+    flat = torch.randn(scale.shape[0], channels * length + gap, generator=gen) * scale[:, None]
+    rows = flat[:, : channels * length].view(scale.shape[0], channels, length)
+    assert length == 0 or scale.shape[0] == 1 or rows.stride(0) == channels * length + gap
+    return rows
+
+
+def _peak_bits(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(t.shape[0], -1)
+    peak = flat.abs().amax(1) if flat.shape[1] else torch.zeros(t.shape[0])
+    return peak.view(torch.int32)
+
+
+@needs_interpreter
+@settings(max_examples=12, deadline=None)
+@given(row_cases, pads, st.integers(1, 12), st.booleans())
+def test_triton_split_reads_a_head_whose_rows_lie_apart(
+    p: dict[str, object], pad: tuple[int, int], kept: int, handed: bool
+) -> None:
+    """The split of ``cat(head, x)`` reads a head whose batch rows lie apart in place, with its own peak
+    passes or handed-over peaks, and equals split_input_f16 of the padded concatenation bit for bit."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    batch, channels, samples = int(p["batch"]), int(p["channels"]), int(p["samples"])  # type: ignore[call-overload]
+    gen = torch.Generator().manual_seed(int(p["seed"]))  # type: ignore[call-overload]
+    magnitude = torch.tensor([10.0**s for s in p["log_scales"]][:batch])  # type: ignore[attr-defined]
+    head = _rows_apart(magnitude, channels, kept, 5, gen)
+    x = torch.randn(batch, channels, samples, generator=gen)
+    whole = torch.cat([head, x], -1)
+    peak = _peak_bits(whole) if handed else None
+    ours = tc.split_f16(x, *pad, peak, head)
+    for part, reference in zip(ours, split_input_f16(F.pad(whole, pad)), strict=True):
+        assert torch.equal(part, reference)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    ("kept", "before_len"), [(10, 0), (10, 6), (0, 30)], ids=["no-history", "history", "no-head"]
+)
+def test_window_kernel_reads_rows_apart_and_folds_in_a_history_peak(kept: int, before_len: int) -> None:
+    """The window kernel reads a head whose batch rows lie apart as it reads a contiguous one (same bits),
+    and raises peaks that start at a conv history's (``row_peaks``, one program a row) to the peak of
+    ``cat(history, window)``."""
+    from streamdec.kernels import _triton_alias_free as ka
+
+    gen = torch.Generator().manual_seed(4)
+    batch, channels, samples, start = 3, 7, 20, 8 if kept else 0
+    scale = torch.tensor([1e-4, 1.0, 1e4])
+    head = _rows_apart(scale, channels, kept, 3, gen)
+    before = _rows_apart(scale.flip(0), channels, before_len, 2, gen)
+    x = torch.randn(batch, channels, samples, generator=gen) * scale[:, None, None]
+    filt = torch.randn(12, generator=gen) / 12
+    a, b = torch.rand(channels, generator=gen) + 0.5, torch.rand(channels, generator=gen) + 0.5
+    count = kept + samples - start - 2
+    outs, peak = [], ka.row_peaks(before)
+    assert torch.equal(peak, _peak_bits(before))
+    for h, p in ((head, peak), (head.contiguous().view(batch * channels, kept), None)):
+        out = torch.empty(batch * channels, count)
+        ka.launch_blocked(
+            x.reshape(batch * channels, samples), filt, a, b, out, p, h if kept else None, start
+        )
+        outs.append(out.view(batch, channels, count))
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(
+        peak, _peak_bits(torch.cat([before.reshape(batch, -1), outs[0].reshape(batch, -1)], 1))
+    )

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import streamdec
+from streamdec.codecs.layers import routing
 from streamdec.codecs.stateful import StatefulNet, supports_stateful
 from streamdec.engine.scheduler import Scheduler
 from streamdec.engine.slots import SlotAllocator, StatePool
 from streamdec.errors import ConfigError, TooManyStreamsError
 from streamdec.protocol import ErrorCode, error_code_for
 from streamdec.session import StatefulSession, StepPolicy
+from support.conv_cases import needs_interpreter
+from support.split_routing import route_cpu_through_split
 
 FAMILIES = ["tiny", "dac-tiny", "oobleck-tiny", "bigvgan-tiny", "vits-tiny"]
 # bigvgan-tiny's reference activation is slow on a small CPU: the property gets room, not fewer cases
@@ -156,3 +166,143 @@ def test_scheduler_holds_work_until_its_deadline_nears_or_its_bucket_fills() -> 
         s.push(i + 1, 4, deadline=10.0, kind="step")
     assert s.hold(now=9.0, replay_s=instant, lead=0.5) is None  # four rows fill the largest bucket
     assert s.buckets_for("prime", 11) == (1, 2)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops a block of code dispatches, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["tiny", "dac-tiny"])
+def test_fused_pool_gives_the_per_layer_bits_with_repeated_scratch_slots(name: str) -> None:
+    """A fused pool (one gather a call, residuals handed to the conv) gives the per-layer pool's audio and
+    states bit for bit, for steps longer and shorter than the delay lines and with several padding rows
+    on the scratch slot; it reads the pool once a call, where the per-layer pool reads it once a layer."""
+    codec = streamdec.load_codec(name, dtype=torch.float32)
+    net = StatefulNet(codec)
+    pools = [
+        StatePool(net, 4, device=torch.device("cpu"), dtype=torch.float32, fused=f) for f in (True, False)
+    ]
+    gen = torch.Generator().manual_seed(2)
+    index = torch.tensor([4, 2, 4, 0, 4])  # 4: the scratch slot, three times
+    live = index != 4
+    calls = [
+        ("prime", torch.arange(4), torch.randn(4, net.min_prime_frames + 1, codec.latent_dim, generator=gen))
+    ]
+    calls += [("step", index, torch.randn(5, n, codec.latent_dim, generator=gen)) for n in (4, 1, 7)]
+    calls.append(("flush", index, torch.randn(5, 2, codec.latent_dim, generator=gen)))
+    with torch.inference_mode():
+        for kind, slots, z in calls:
+            counters = [_OpCounter(), _OpCounter()]
+            outs = []
+            for pool, counter in zip(pools, counters, strict=True):
+                with counter:
+                    outs.append(pool.fn(kind)(slots, z))
+            rows = slice(None) if kind == "prime" else live
+            assert torch.equal(outs[0][rows], outs[1][rows]), kind
+            assert torch.equal(pools[0].flat[:4], pools[1].flat[:4]), kind
+            if kind != "prime":
+                assert counters[0].counts["index_select"] == 1
+                assert counters[1].counts["index_select"] == len(net.leaves)
+    assert pools[0].nbytes == net.state_bytes() * 5
+
+
+def test_fused_step_after_a_prime_equals_the_direct_net() -> None:
+    """The pool's fused step after its prime equals StatefulNet.step on the prime's state (no pool)."""
+    codec32 = streamdec.load_codec("tiny", dtype=torch.float32)
+    net = StatefulNet(codec32)
+    pool = StatePool(net, 2, device=torch.device("cpu"), dtype=torch.float32)
+    z = torch.randn(
+        2, net.min_prime_frames + 4, codec32.latent_dim, generator=torch.Generator().manual_seed(8)
+    )
+    n0 = net.min_prime_frames
+    with torch.inference_mode():
+        pool.prime(torch.tensor([1, 0]), z[:, :n0])
+        stepped = pool.step(torch.tensor([1, 0]), z[:, n0:])
+        _, state = net.prime(z[:, :n0])
+        direct, new_state = net.step(z[:, n0:], state)
+    assert torch.equal(stepped, direct)
+    for pool_view, s in zip(pool.tensors, new_state, strict=True):
+        assert torch.equal(pool_view[[1, 0]], s)  # batch row 0 is slot 1
+
+
+def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], Counter[str]]:
+    """CPU float32 calls take the fp16x3 and fused-activation paths a CUDA input takes while the returned
+    switch is on, each op running its Triton kernels under the interpreter, launched as its CUDA
+    implementation launches them (the float16 weight caches are built either way); the counter counts
+    the ops' calls."""
+    from streamdec.kernels import _triton_alias_free as tk
+    from streamdec.kernels import _triton_conv_f16 as tc
+    from streamdec.kernels import alias_free as af
+
+    on = [False]
+    route_cpu_through_split(monkeypatch, f16=True)
+    monkeypatch.setattr(routing, "takes_split", lambda x: on[0] and x.dtype == torch.float32)
+    monkeypatch.setattr(routing, "fused_supported", lambda x: on[0] and x.dtype == torch.float32)
+
+    def conv(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int,
+             pad_left: int = 0, pad_right: int = 0, residual: Tensor | None = None, peak: Tensor | None = None,
+             phases: int = 1, head: Tensor | None = None, products: int = 3) -> Tensor:  # fmt: skip
+        parts = tc.split_f16(x, pad_left, pad_right, peak, head)
+        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases)
+
+    def window(head: Tensor, x: Tensor, filt: Tensor, a: Tensor, b: Tensor, start: int, n: int) -> Tensor:
+        return af.window_launch(tk, head, x, filt, a, b, start, n, None)
+
+    ops = {
+        "conv1d_split_f16": conv,
+        "alias_free_activation_window": window,
+        "alias_free_activation_window_peak": functools.partial(af.window_peak_launch, tk),
+    }
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls[name] += 1
+            return impl(*args)
+
+        return call
+
+    for name, impl in ops.items():
+        monkeypatch.setattr(torch.ops.streamdec, name, counted(name, impl))
+    return on, calls
+
+
+@needs_interpreter
+@pytest.mark.timeout(1800)  # about ten minutes of interpreted kernels on two shared cores
+def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tiny-codec fp16x3 step on the kernels a GPU runs (interpreted), after a prime on the CPU path:
+    the fused step (residuals in the conv epilogue, row peaks from the window op, heads read in place
+    from the gathered copy) gives the per-layer step's audio and new states bit for bit."""
+    on, calls = _route_through_interpreted_kernels(monkeypatch)
+    codec = streamdec.load_codec("tiny")
+    codec.precision = "fp16x3"
+    net = StatefulNet(codec)
+    pools = [
+        StatePool(net, 2, device=torch.device("cpu"), dtype=torch.float32, fused=f) for f in (True, False)
+    ]
+    gen = torch.Generator().manual_seed(6)
+    prime = torch.randn(2, net.min_prime_frames, codec.latent_dim, generator=gen)
+    index = torch.tensor([1, 2, 0])  # 2: the scratch slot
+    z = torch.randn(3, 2, codec.latent_dim, generator=gen)
+    with torch.inference_mode():
+        for pool in pools:
+            pool.prime(torch.tensor([0, 1]), prime)
+        on[0] = True
+        outs, handed = [], []
+        for pool in pools:
+            calls.clear()
+            outs.append(pool.step(index, z))
+            handed.append(calls["alias_free_activation_window_peak"])
+    assert torch.equal(outs[0][[0, 2]], outs[1][[0, 2]])
+    assert torch.equal(pools[0].flat[:2], pools[1].flat[:2])
+    assert handed[0] > 0 and handed[1] == 0  # only the fused step hands peaks over

@@ -205,14 +205,31 @@ class AliasFreeActivation(nn.Module):
         """``self(cat(head, x))[..., start : start + length]``: where the causal fused op runs, computed in
         one pass that reads ``head`` and ``x`` in place and writes only the window (a stateful step keeps
         a history and computes only the outputs whose reach has arrived)."""
-        fused = self.causal and self.use_fused and routing.fused_supported(x)
-        if fused and (start == 0 or start >= 5) and length >= 1:
+        if self._window_fused(x, start, length):
             out: Tensor = torch.ops.streamdec.alias_free_activation_window(
                 head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length
             )
             return out
         whole: Tensor = self(torch.cat([head, x], dim=-1))
         return whole[..., start : start + length]
+
+    def _window_fused(self, x: Tensor, start: int, length: int) -> bool:
+        fused = self.causal and self.use_fused and routing.fused_supported(x)
+        return fused and (start == 0 or start >= 5) and length >= 1
+
+    def window_with_peak(
+        self, head: Tensor, x: Tensor, start: int, length: int, before: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(self.window(head, x, start, length), peak)``: where the causal fused op runs, ``peak`` is int32
+        ``[B]``, the float32 bits of each batch row's largest magnitude in ``cat(before, window)``, what a
+        float16 split convolution of the window after its own history ``before`` needs (None: no history);
+        elsewhere None. The window's values are the same either way."""
+        if self._window_fused(x, start, length):
+            out, peak = torch.ops.streamdec.alias_free_activation_window_peak(
+                head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length, before
+            )
+            return out, peak
+        return self.window(head, x, start, length), None
 
     def _centred_from_causal(self, x: Tensor) -> Tensor:  # [B, C, T >= 16] -> [B, C, T]
         """The centred activation through the causal fused op (same values up to float32 rounding).

@@ -164,20 +164,33 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         return self.convolve(x, (self.pad_left, self.pad_right))
 
     def convolve(
-        self, x: Tensor, pads: tuple[int, int], head: Tensor | None = None
+        self,
+        x: Tensor,
+        pads: tuple[int, int],
+        head: Tensor | None = None,
+        residual: Tensor | None = None,
+        peak: Tensor | None = None,
     ) -> Tensor:  # [B, Cin, H + T] -> [B, Cout, H + T + pads - (k-1)*d]
         """This convolution of ``cat(head, x)`` (``head`` may be None) with ``pads`` zeros around it instead
-        of its own padding, on whichever path this layer takes. Stateful streaming convolves a stream's
-        kept history (``head``) and its new samples with none; the float16 kernel reads the two where
-        they lie."""
+        of its own padding, on whichever path this layer takes, plus ``residual`` if given (as
+        :meth:`after` adds it). Stateful streaming convolves a stream's kept history (``head``) and its new
+        samples with none; the float16 kernel reads the two where they lie, adds the residual in its
+        epilogue, and takes ``peak`` (the rows' peaks of ``cat(head, x)``, from the fused activation) as
+        its split's."""
         if self.on_triton(x):
-            return self.triton_conv(x, self.bias, self.dilation[0], pads, head=head)
+            return self.triton_conv(x, self.bias, self.dilation[0], pads, residual, peak, head=head)
         if head is not None:
             x = torch.cat([head, x], dim=-1)
         x = F.pad(x, pads)
         if self.split_weight is not None and self.splits(x):
-            return F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
-        return super().forward(x)
+            out = F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
+        else:
+            out = super().forward(x)
+        return out if residual is None else residual + out
+
+    def takes_peak(self, x: Tensor) -> bool:
+        """Whether a call on ``x`` runs the float16 split, which takes handed-over row peaks."""
+        return self.packed_f16 is not None and self.on_triton(x)
 
     def after(self, act: nn.Module, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """``self(act(x))``, plus ``residual`` if given, rounded alike on every path.
