@@ -36,16 +36,22 @@ def test_a_worker_compiles_the_variant_a_launch_records(
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import serialize_specialization_data
 
-    from streamdec.kernels._triton_conv_f16 import _row_amax_kernel
+    from support.triton_kernel import scale_kernel
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     target = GPUTarget("cuda", 90, 32)
     options = make_backend(target).parse_options({"num_warps": 8})
-    signature = {"x_ptr": "*fp32", "amax_ptr": "*i32", "ROW": "i32", "BLOCK": "constexpr"}
-    constexprs = {(3,): 512}
+    signature = {
+        "x_ptr": "*fp32",
+        "out_ptr": "*fp32",
+        "N": "i32",
+        "FACTOR": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    constexprs = {(3,): 3.0, (4,): 512}
     attrs = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     record = serialize_specialization_data("k", signature, constexprs, attrs, options, "key")
-    variant = precompile.Variant(_row_amax_kernel.__module__, "_row_amax_kernel", record)
+    variant = precompile.Variant(scale_kernel.__module__, "scale_kernel", record)
 
     report = precompile.compile_variants([variant], target, workers=1)
 
@@ -55,6 +61,6 @@ def test_a_worker_compiles_the_variant_a_launch_records(
     # What the launch itself compiles (the hook's objects, before JSON) finds the worker's binary: the
     # cache gains no entry.
     triton.compile(
-        ASTSource(_row_amax_kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+        ASTSource(scale_kernel, signature, constexprs, attrs), target=target, options=options.__dict__
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == entries
