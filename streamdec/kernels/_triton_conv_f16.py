@@ -147,9 +147,13 @@ def _input_box(desc, batch, TIN, start, c0, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
     ``c0 ..``: one row's box of the flattened ``[B * TIN, CP]`` input, or (short rows packed) a
     ``[ROWS, BLOCK_N // ROWS, BLOCK_K]`` box of ``[B, TIN, CP]``, zero-filled past each row's end and past
     the batch (8 samples are one 128-byte swizzle atom, so the reshape moves nothing)."""
+    # an if/else, not an early return: Triton's code generator would emit the statement after a
+    # returning constexpr branch too, and a 2-D descriptor takes no 3-D offsets
     if ROWS == 1:
-        return desc.load([batch * TIN + start, c0]).T
-    return desc.load([batch, start, c0]).reshape(BLOCK_N, BLOCK_K).T
+        box = desc.load([batch * TIN + start, c0]).T
+    else:
+        box = desc.load([batch, start, c0]).reshape(BLOCK_N, BLOCK_K).T
+    return box
 
 
 @triton.jit
