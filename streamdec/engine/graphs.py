@@ -256,6 +256,8 @@ class GraphTiers:
             with torch.cuda.stream(self.stream), precompile.discovering() as found:
                 for key in keys:
                     self._run_eager_once(key)
+                if self.state is not None:  # the skipped launches left garbage in the scratch row's state
+                    self.state.flat.zero_()
             self.stream.synchronize()
             looked = time.perf_counter() - began
             report = precompile.compile_variants(found, precompile.current_target())

@@ -224,15 +224,15 @@ def _af_blocked_kernel(
             tl.atomic_max(peak_ptr + row // C, tl.max(bits, axis=1), mask=row_ok)
 
 
-BLOCKED_K = 8  # outputs per lane
-_MIN_LANES, _MAX_LANES = 32, 128  # one to four warps per program
+BLOCKED_K = sizing.ACTIVATION_LANE_OUTPUTS  # outputs per lane
+_MIN_LANES, _MAX_LANES = sizing.ACTIVATION_MIN_LANES, 128  # one to four warps per program
 
 
 def lane_plan(length: int) -> tuple[int, int]:
     """``(lanes per row, lanes per program)`` for rows of ``length`` samples: one row per program of up to
     four warps, or, for rows shorter than a warp covers, as many whole rows as four warps hold."""
     need = triton.cdiv(length, BLOCKED_K)
-    if sizing.PACK_SHORT_ROWS and need < _MIN_LANES:
+    if sizing.activation_packs_rows(length):
         return pow2_block(need, 1, _MIN_LANES), _MAX_LANES
     lanes = pow2_block(need, _MIN_LANES, _MAX_LANES)
     return lanes, lanes

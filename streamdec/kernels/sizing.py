@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from streamdec import settings
 
-__all__ = ["DOT_MIN_EXTENT", "INTERPRETER_SMS", "PACK_SHORT_ROWS", "WARPGROUP_ROWS", "pow2_block"]
+__all__ = [
+    "ACTIVATION_LANE_OUTPUTS",
+    "ACTIVATION_MIN_LANES",
+    "DOT_MIN_EXTENT",
+    "INTERPRETER_SMS",
+    "PACK_SHORT_ROWS",
+    "WARPGROUP_ROWS",
+    "activation_packs_rows",
+    "pow2_block",
+]
 
 # Whether the float16 convolution and the fused activation pack several short rows into one program
 # (``STREAMDEC_PACK_SHORT_ROWS``). Read once at import: captured graphs trace the launches.
 PACK_SHORT_ROWS = settings.PACK_SHORT_ROWS.value()
+
+# The fused activation: outputs per lane, and the fewest lanes a one-row program has (a warp); rows that
+# need fewer are packed several to a program.
+ACTIVATION_LANE_OUTPUTS = 8
+ACTIVATION_MIN_LANES = 32
 
 # tl.dot needs every block extent to be at least 16.
 DOT_MIN_EXTENT = 16
@@ -22,3 +36,8 @@ INTERPRETER_SMS = 132
 def pow2_block(extent: int, lo: int, hi: int) -> int:
     """The power of two that covers ``extent``, clamped to ``[lo, hi]``."""
     return max(lo, min(hi, 1 << max(extent - 1, 0).bit_length()))
+
+
+def activation_packs_rows(length: int) -> bool:
+    """Whether the fused activation packs rows of ``length`` outputs several to a program."""
+    return PACK_SHORT_ROWS and -(-length // ACTIVATION_LANE_OUTPUTS) < ACTIVATION_MIN_LANES
