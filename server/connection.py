@@ -561,7 +561,8 @@ class Connection:
     def _on_tile(self, stream: _Stream, tile: Tile) -> bool:
         """A tile of ``stream`` came back from the engine; False pauses the stream (see _offer_audio)."""
         samples = tile.samples
-        if not all_finite(samples.numpy()):
+        values = samples.numpy()  # the engine's fresh float32 CPU tensor: numpy from here on
+        if not all_finite(values):
             # Finite latents that overflow inside the codec: NaN on the wire would play as silence or
             # noise with no word; s16 would silently be zeros. The library's typed error, when the engine
             # raises it first, takes the same path.
@@ -576,7 +577,7 @@ class Connection:
         if stream.opus is not None:
             self._encode(stream, partial(self._send_opus, stream, samples))
             return False  # paused until the encoder's worker thread is done
-        return self._offer_audio(stream, self.state.audio(stream.id, samples))
+        return self._offer_audio(stream, self.state.audio(stream.id, values))
 
     def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:
         """``stream`` ended by itself: every tile went out (failure None), or bad input or the engine

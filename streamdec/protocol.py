@@ -425,8 +425,10 @@ def _to_le_bytes(array: np.ndarray) -> bytes:
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def _float_samples(samples: torch.Tensor) -> np.ndarray:
+def _float_samples(samples: torch.Tensor | np.ndarray) -> np.ndarray:
     """``samples`` as a float32 numpy array, without a copy when it already is one on the CPU."""
+    if isinstance(samples, np.ndarray):
+        return samples if samples.dtype == np.float32 else samples.astype(np.float32)
     if samples.dtype != torch.float32 or samples.device.type != "cpu" or samples.requires_grad:
         samples = samples.detach().to("cpu", torch.float32)
     return samples.numpy()
@@ -443,8 +445,11 @@ def encode_latents(
     return LATENT_HEADER.pack(LATENT_MAGIC, stream, seq, tensor.shape[0]) + _to_le_bytes(raw)
 
 
-def encode_audio(stream: int, seq: int, start_sample: int, samples: torch.Tensor, fmt: str) -> bytes:
-    """An audio message: ``samples`` is float ``[channels, n]``; interleaved on the wire in ``fmt``."""
+def encode_audio(
+    stream: int, seq: int, start_sample: int, samples: torch.Tensor | np.ndarray, fmt: str
+) -> bytes:
+    """An audio message: ``samples`` is float ``[channels, n]`` (a tensor or an array); interleaved on the
+    wire in ``fmt``."""
     header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1])
     floats = _float_samples(samples)
     if fmt == "pcm_s16le":
@@ -816,7 +821,7 @@ class ServerState:
         if stream in self._streams:
             self._streams[stream].accepting = False
 
-    def audio(self, stream: int, samples: torch.Tensor) -> bytes:
+    def audio(self, stream: int, samples: torch.Tensor | np.ndarray) -> bytes:
         """The next audio message of ``stream`` for float ``samples`` ``[channels, n]`` (a PCM format)."""
         state = self._streams[stream]
         data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format)
