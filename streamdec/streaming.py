@@ -28,7 +28,14 @@ import torch
 from .codecs import Codec
 from .codecs.stateful import StatefulNet, supports_stateful
 from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
-from .errors import ConcurrentIterationError, ConfigError, EngineClosedError, NonFiniteOutputError, ShapeError
+from .errors import (
+    ConcurrentIterationError,
+    ConfigError,
+    EngineClosedError,
+    EngineError,
+    NonFiniteOutputError,
+    ShapeError,
+)
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
 from .session import (
     FlushPolicy,
@@ -691,6 +698,9 @@ class _CallbackCall:
             return
         except Exception as exc:
             self._end(None, exc)
+            return
+        except asyncio.CancelledError:  # its future cancelled by someone else: the stream must still end
+            self._end(None, EngineError("the engine call was cancelled outside its stream"))
             return
         if waited is None:  # a bare yield (asyncio.sleep(0)): step again on the next loop pass
             self._loop.call_soon(self._step)
