@@ -1,10 +1,15 @@
-"""One client connection: a reader, a writer, a watchdog and one task per stream, in one task group.
+"""One client connection: a reader, a writer and a watchdog in one task group; streams have no task.
 
 ::
 
-    socket --reader--> ServerState (validate) --stream intake--> stream task: decode_tiles --+
-       ^                                                                                     |
-       +--writer-- outbox <------------------ audio / started / error / done ----------------+
+    socket --reader--> ServerState (validate) --stream intake--> PushStream.pump: engine call --+
+       ^                                                                                       |
+       +-- written at once, or --writer-- outbox <-- audio (engine completion) / control ------+
+
+A stream is driven by callbacks on the event loop (:class:`~streamdec.streaming.PushStream`): the reader
+that received a latent message feeds it and submits the engine call at once; the engine's completion
+hands the audio back, and it is written to the socket straight away when nothing waits before it. A
+chunk thus costs one wake-up for its message and one for its result, not a task's wake-ups besides.
 
 The reader never waits for a stream: it reads every frame as it arrives, so ping/pong (answered by the
 websocket layer while someone reads), ``cancel`` and ``end`` are seen at once even when a stream is far
@@ -13,14 +18,16 @@ behind. A producer faster than decoding is held back by ``max_buffered_frames`` 
 no further ahead than that, and a message past it ends that stream with ``backlog_full``.
 
 Backpressure towards the listener: a listener that stops reading blocks the writer in ``send``; the
-outbox fills; stream tasks stop taking tiles, so ``decode_tiles`` stops pulling latents. A send that makes
+outbox fills; a stream whose audio finds the outbox full is paused with that message parked until the
+writer makes room, so it submits no further calls and takes no further latents. A send that makes
 no progress for ``send_timeout`` ends the connection with 1013. Control messages (``started``, ``error``,
 ``done``) never wait for room in the outbox, so the reader is never blocked by a slow listener either;
 there are at most ``max_streams`` of them plus the error budget.
 
 A text stream (a ``start`` carrying ``text``, on a server with a voice) has a speaker task instead of a
 client: it feeds the voice's latents into the stream's intake (:func:`.speech.speak`), where they wait
-for the decoder exactly as a client's would, bounded by ``max_buffered_frames``.
+for the decoder exactly as a client's would, bounded by ``max_buffered_frames``. An ``opus`` stream
+encodes each tile in a worker thread, its stream paused meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -56,7 +64,8 @@ from streamdec.protocol import (
     encode_text,
     error_code_for,
 )
-from streamdec.session import all_finite
+from streamdec.session import Tile, all_finite
+from streamdec.streaming import PushStream
 
 from .guards import ErrorBudget
 from .opus import OpusEncoder, check_opus
@@ -157,31 +166,32 @@ class _Outbox:
 
 
 class _Intake:
-    """A stream's latents between the reader and ``decode_tiles``; tells ServerState what was taken.
+    """A stream's latents between the reader and its :class:`PushStream`; tells ServerState what was taken.
 
     For a client's latents, unbounded as a queue because ServerState bounds it in frames
     (``max_buffered_frames``): the reader must never wait here. For a voice's (``capacity`` chunks), the
     speaker waits in :meth:`feed` for room.
 
-    A deque and at most one waiting future each way, not a memory object stream: a chunk that is already
-    here is taken without a trip through the event loop (anyio's ``receive`` yields once per item), and
-    the reader hands a chunk over in a few attribute operations. It runs for every latent message.
+    A deque and a callback, not a memory object stream: putting a chunk calls ``listener`` (the stream's
+    ``pump``), which feeds the session and submits the engine call at once when one is due. It runs for
+    every latent message.
     """
 
     def __init__(self, state: ServerState, stream: int, capacity: float = math.inf) -> None:
-        self._chunks: deque[torch.Tensor] = deque()
+        self._chunks: deque[Any] = deque()
         self._capacity = capacity
-        self._ended = False  # no more input: the decoder takes what is here, then the iteration ends
+        self._ended = False  # no more input: the decoder takes what is here, then the stream ends
         self._closed = False  # gone: nothing more is taken or handed out
-        self._taker: asyncio.Future[None] | None = None  # the decoder, waiting for a chunk
+        self.listener: Callable[[], None] | None = None  # told of every chunk put and of the end
         self._feeder: asyncio.Future[None] | None = None  # the voice, waiting for room
         self._state, self._stream = state, stream
 
-    def put(self, latents: torch.Tensor) -> None:
+    def put(self, latents: Any) -> None:
         if self._ended or self._closed:
             return  # a stream that ended meanwhile: its done tells the client
         self._chunks.append(latents)
-        _wake(self._taker)
+        if self.listener is not None:
+            self.listener()
 
     async def feed(self, latents: torch.Tensor) -> None:
         """The server's own producer (a voice): waits for room; raises once the stream has ended."""
@@ -196,36 +206,31 @@ class _Intake:
         self._state.produced(self._stream, int(latents.shape[0]))
 
     def end(self) -> None:
+        if self._ended:
+            return
         self._ended = True
-        _wake(self._taker)
         _wake(self._feeder)
+        if self.listener is not None:
+            self.listener()
 
     def close(self) -> None:
         self._ended = self._closed = True
         self._chunks.clear()
-        _wake(self._taker)
+        self.listener = None
         _wake(self._feeder)
 
-    def __aiter__(self) -> _Intake:
-        return self
+    @property
+    def exhausted(self) -> bool:
+        """Nothing at hand and nothing more will come."""
+        return self._ended and not self._chunks
 
-    def take_ready(self) -> torch.Tensor | None:
+    def take_ready(self) -> Any:
         """A chunk already received, or None (none at hand, or the stream ended); never waits."""
         if not self._chunks:
             return None
         latents = self._chunks.popleft()
         _wake(self._feeder)
         self._state.consumed(self._stream, int(latents.shape[0]))
-        return latents
-
-    async def __anext__(self) -> torch.Tensor:
-        while not self._chunks:
-            if self._ended:
-                raise StopAsyncIteration
-            self._taker = asyncio.get_running_loop().create_future()
-            await self._taker
-        latents = self.take_ready()
-        assert latents is not None
         return latents
 
 
@@ -236,26 +241,19 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
 
 @dataclass(eq=False)
 class _Stream:
-    """One wire stream: its intake and the scope its decoding runs in."""
+    """One wire stream: its intake, its decoding and what waits on its behalf."""
 
     id: int
     intake: _Intake
     text: str | None = None  # a text stream: the server's voice makes its latents
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    decoder: PushStream | None = None
     speaker: anyio.CancelScope = field(default_factory=anyio.CancelScope)  # the voice's task, if any
-    stop_status: Status | None = None  # set by cancel, a protocol error in this stream, or shutdown
-    failure: BaseException | None = None
+    encoding: anyio.CancelScope | None = None  # the opus encoder's work under way, if any
+    parked: bytes | None = None  # audio that found the outbox full: the stream waits for room
     first_latent_at: float | None = None
     audio_sent: bool = False
     reported: bool = False  # its done was queued (else, at teardown, it counts as lost)
     opus: OpusEncoder | None = None  # format "opus": this stream's encoder
-
-    def stop(self, status: Status, failure: BaseException | None = None) -> None:
-        """End the decode now: cancelling the scope withdraws whatever of it waits for the engine."""
-        if self.stop_status is None:
-            self.stop_status, self.failure = status, failure
-        self.intake.end()
-        self.scope.cancel()
 
 
 class Connection:
@@ -279,6 +277,7 @@ class Connection:
         self._tg: TaskGroup | None = None
         self._fatal: _CloseWith | None = None  # set when the connection must close with an error
         self._sending = False  # a send is under way (the writer's or a stream's): others queue behind it
+        self._parked: deque[_Stream] = deque()  # streams whose audio waits for room in the outbox
         self._backlog = _Backlog(self.config.send_timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -291,8 +290,8 @@ class Connection:
             await self._guarded(self._reader)
             tg.cancel_scope.cancel()  # the socket closed or failed: drop every stream
         self.outbox.close()
-        for stream in list(self.streams.values()):  # cancelled before its first step: never reported
-            stream.intake.close()
+        for stream in list(self.streams.values()):  # the connection went first: never reported
+            self._release(stream)
             self._lost(stream)
         if self._fatal is not None:
             await self._close_with(self._fatal.code, str(self._fatal))
@@ -346,7 +345,7 @@ class Connection:
     def cut_streams(self, why: str) -> None:
         """Shutdown at grace end: every stream still running ends with ``shutting_down`` and ``done``."""
         for stream in list(self.streams.values()):
-            stream.stop("error", ProtocolError(ErrorCode.SHUTTING_DOWN.value, why, stream=stream.id))
+            self._report(stream, "error", ProtocolError(ErrorCode.SHUTTING_DOWN.value, why, stream=stream.id))
 
     async def close_going_away(self) -> None:
         """Shutdown, last part: once every stream reported, flush the outbox, then close with 1001."""
@@ -357,7 +356,7 @@ class Connection:
         await self.ws.wait_closed()
 
     # -- outbound ----------------------------------------------------------------------------------
-    def _control(self, msg: ServerControl) -> None:
+    def _control(self, msg: ServerControl | bytes) -> None:
         with contextlib.suppress(anyio.ClosedResourceError):  # the connection is ending anyway
             self.outbox.put_control(msg)
 
@@ -367,6 +366,7 @@ class Connection:
         while True:
             item = await self.outbox.get()
             self._sending = True  # from the moment it left the outbox: nothing may overtake it
+            self._admit_parked()
             if isinstance(item, _GoingAway):
                 await self.ws.close(1001, "server shutting down")
                 return
@@ -395,25 +395,48 @@ class Connection:
         self._backlog.sent(self.ws.transport.get_write_buffer_size())
         self.server.metrics.bytes_out += len(data)
 
-    async def _put_audio(self, data: bytes) -> None:
+    def _offer_audio(self, stream: _Stream, data: bytes) -> bool:
         """Send an audio message now when nothing is queued before it and the send cannot wait (the usual
-        case: no hop through the outbox and the writer task); else queue it behind the rest."""
-        if (
-            self._sending
-            or self.outbox
-            or self.ws.protocol.state is not State.OPEN
-            or not self._fits(len(data))
-        ):
-            await self.outbox.put_audio(data)
-            return
-        self._sending = True
-        try:
-            await self.ws.send(data)
-        except ConnectionClosed:
-            return  # the reader sees the close and ends the connection
-        finally:
-            self._sending = False
+        case: no hop through the outbox and the writer task), else queue it behind the rest; False when
+        the outbox is full: the message is parked and the stream paused until the writer makes room."""
+        if self._writable(len(data)):
+            self._write_now(data)
+            return True
+        if len(self.outbox) < self.outbox.limit or self.outbox.closed:
+            self._control(data)
+            return True
+        stream.parked = data
+        self._parked.append(stream)
+        return False
+
+    def _writable(self, size: int) -> bool:
+        return (
+            not self._sending
+            and not self.outbox
+            and self.ws.protocol.state is State.OPEN
+            and not self.ws.transport.is_closing()
+            and self._fits(size)
+        )
+
+    def _write_now(self, data: bytes) -> None:
+        """Frame and write ``data`` at once: what ``ws.send`` does when it cannot wait, without its
+        coroutine (it runs for every audio message). The websocket protocol object frames the message;
+        the transport buffers what the socket does not take."""
+        self.ws.protocol.send_binary(data)
+        for chunk in self.ws.protocol.data_to_send():
+            self.ws.transport.write(chunk)
         self._sent(data)
+
+    def _admit_parked(self) -> None:
+        """Move parked audio into the outbox while it has room; each stream goes on decoding."""
+        while self._parked and len(self.outbox) < self.outbox.limit:
+            stream = self._parked.popleft()
+            data, stream.parked = stream.parked, None
+            if data is None or stream.reported:
+                continue
+            self._control(data)
+            if stream.decoder is not None:
+                stream.decoder.resume()
 
     def _error(self, exc: BaseException, stream: int | None, retry_after_ms: int | None = None) -> None:
         code = error_code_for(exc)
@@ -449,7 +472,7 @@ class Connection:
     def _on_protocol_error(self, exc: ProtocolError, retry_after_ms: int | None = None) -> None:
         stream = self.streams.get(exc.stream) if exc.stream is not None else None
         if stream is not None and exc.code in STREAM_ENDING_CODES:
-            stream.stop("error", exc)  # its task reports the error after the audio already queued
+            self._report(stream, "error", exc)  # the error follows the audio already queued
         else:
             self._error(exc, exc.stream, retry_after_ms)
         if not self.budget.spend(time.monotonic()):
@@ -466,7 +489,7 @@ class Connection:
             return
         stream = self.streams[msg.stream]
         if isinstance(msg, Cancel):
-            stream.stop("cancelled")
+            self._report(stream, "cancelled")
         else:
             stream.intake.end()  # end: decode the rest, then done
 
@@ -491,8 +514,18 @@ class Connection:
             stream.opus = OpusEncoder(codec.sample_rate, codec.channels, self.config.opus_bitrate)
         self.streams[msg.stream] = stream
         self._control(self.state.started(msg.stream))
+        try:
+            # allow_non_finite: ServerState checked every latent message already, and _on_tile checks the
+            # audio, so the session skips its own scans (each a pass over the data per message)
+            stream.decoder = self.server.decoder.push_stream(
+                stream.intake, partial(self._on_tile, stream), partial(self._decoded, stream),
+                allow_non_finite=True,
+            )  # fmt: skip
+        except Exception as exc:  # no slot left: this stream only
+            self._report(stream, "error", exc)
+            return
+        stream.intake.listener = stream.decoder.pump
         assert self._tg is not None
-        self._tg.start_soon(self._run_stream, stream)
         if stream.text is not None:
             stream.first_latent_at = time.monotonic()  # a text stream's first audio counts from its start
             self._tg.start_soon(self._speak, stream)
@@ -512,7 +545,7 @@ class Connection:
                 self.server.voice, stream.text, stream.intake.feed, self.config.text_chunk_frames
             )
             if failure is not None:
-                stream.stop("error", failure)
+                self._report(stream, "error", failure)
             else:
                 stream.intake.end()  # every sentence is in: decode the rest, then done
 
@@ -525,53 +558,11 @@ class Connection:
             stream.intake.put(msg.latents)
 
     # -- one stream --------------------------------------------------------------------------------
-    async def _run_stream(self, stream: _Stream) -> None:
-        try:
-            status, failure = await self._decode(stream)
-            if failure is not None:
-                if error_code_for(failure) is ErrorCode.INTERNAL:
-                    log.error("stream %d failed", stream.id, exc_info=failure)
-                self._error(failure, stream.id)
-            self.server.metrics.streams[status] += 1
-            stream.reported = True
-            self._control(self.state.done(stream.id, status))
-        finally:  # also when the connection is torn down around it; the id may already be reused
-            self._lost(stream)
-
-    def _lost(self, stream: _Stream) -> None:
-        """Forget ``stream``; one that never reported its done counts as ``lost`` (connection gone)."""
-        if not stream.reported:
-            stream.reported = True
-            self.server.metrics.streams["lost"] += 1
-        if self.streams.get(stream.id) is stream:
-            del self.streams[stream.id]
-            self.last_activity = time.monotonic()
-
-    async def _decode(self, stream: _Stream) -> tuple[Status, BaseException | None]:
-        """Decode one stream into the outbox; returns its done status and the error that ended it."""
-        failure: BaseException | None = None
-        with contextlib.ExitStack() as stack:
-            stack.callback(stream.intake.close)  # the intake closes with the stream, always
-            stack.callback(stream.speaker.cancel)  # and its voice stops making latents
-            stack.enter_context(stream.scope)
-            try:
-                # allow_non_finite: ServerState checked every latent message already, and _send_audio checks
-                # the audio, so the session skips its own scans (each a pass over the data per message)
-                async with self.server.decoder.decode_tiles(stream.intake, allow_non_finite=True) as tiles:
-                    async for tile in tiles:
-                        await self._send_audio(stream, tile.samples)
-                if stream.opus is not None and stream.stop_status is None:
-                    # the padded last frame; n_samples 0: the headers already counted every real sample
-                    tail = await anyio.to_thread.run_sync(stream.opus.flush)
-                    await self._put_audio(self.state.encoded_audio(stream.id, 0, tail))
-            except Exception as exc:  # bad input or engine failure: this stream only
-                failure = exc
-                self.state.close_input(stream.id)
-        status: Status = stream.stop_status or ("error" if failure else "completed")
-        return status, stream.failure or failure
-
-    async def _send_audio(self, stream: _Stream, samples: torch.Tensor) -> None:
-        if not all_finite(samples.numpy()):
+    def _on_tile(self, stream: _Stream, tile: Tile) -> bool:
+        """A tile of ``stream`` came back from the engine; False pauses the stream (see _offer_audio)."""
+        samples = tile.samples
+        values = samples.numpy()  # the engine's fresh float32 CPU tensor: numpy from here on
+        if not all_finite(values):
             # Finite latents that overflow inside the codec: NaN on the wire would play as silence or
             # noise with no word; s16 would silently be zeros. The library's typed error, when the engine
             # raises it first, takes the same path.
@@ -584,9 +575,81 @@ class Connection:
         stream.audio_sent = True
         self.server.metrics.audio_samples += int(samples.shape[1])
         if stream.opus is not None:
-            # in a worker thread: encoding takes about 2 % of the audio's duration, which the event loop
-            # (keepalive, cancel, every other stream) would otherwise wait through, per stream
-            payload = await anyio.to_thread.run_sync(stream.opus.encode, samples)
-            await self._put_audio(self.state.encoded_audio(stream.id, int(samples.shape[1]), payload))
-        else:
-            await self._put_audio(self.state.audio(stream.id, samples))
+            self._encode(stream, partial(self._send_opus, stream, samples))
+            return False  # paused until the encoder's worker thread is done
+        return self._offer_audio(stream, self.state.audio(stream.id, values))
+
+    def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:
+        """``stream`` ended by itself: every tile went out (failure None), or bad input or the engine
+        ended it."""
+        if failure is None and stream.opus is not None:
+            self._encode(stream, partial(self._send_opus_tail, stream))
+            return
+        self._report(stream, "error" if failure is not None else "completed", failure)
+
+    def _encode(self, stream: _Stream, work: Callable[[], Awaitable[None]]) -> None:
+        """Run an opus stream's encoder work in a task that stopping the stream cancels."""
+
+        async def run() -> None:
+            with anyio.CancelScope() as scope:
+                stream.encoding = scope
+                try:
+                    await work()
+                except Exception as exc:
+                    self._report(stream, "error", exc)
+                finally:
+                    stream.encoding = None
+
+        assert self._tg is not None
+        self._tg.start_soon(run)
+
+    async def _send_opus(self, stream: _Stream, samples: torch.Tensor) -> None:
+        # in a worker thread: encoding takes about 2 % of the audio's duration, which the event loop
+        # (keepalive, cancel, every other stream) would otherwise wait through, per stream
+        assert stream.opus is not None and stream.decoder is not None
+        payload = await anyio.to_thread.run_sync(stream.opus.encode, samples)
+        if self._offer_audio(stream, self.state.encoded_audio(stream.id, int(samples.shape[1]), payload)):
+            stream.decoder.resume()
+
+    async def _send_opus_tail(self, stream: _Stream) -> None:
+        # the padded last frame; n_samples 0: the headers already counted every real sample
+        assert stream.opus is not None
+        tail = await anyio.to_thread.run_sync(stream.opus.flush)
+        self._control(self.state.encoded_audio(stream.id, 0, tail))
+        self._report(stream, "completed", None)
+
+    def _report(self, stream: _Stream, status: Status, failure: BaseException | None = None) -> None:
+        """End ``stream`` and queue its error (if any) and done, once; forget it. From outside (cancel, a
+        protocol error in it, shutdown) its call in flight is withdrawn and audio it parked is dropped;
+        the done follows whatever was queued before."""
+        if stream.reported:
+            return
+        self._release(stream)
+        if failure is not None:
+            if error_code_for(failure) is ErrorCode.INTERNAL:
+                log.error("stream %d failed", stream.id, exc_info=failure)
+            self.state.close_input(stream.id)
+            self._error(failure, stream.id)
+        self.server.metrics.streams[status] += 1
+        stream.reported = True
+        self._control(self.state.done(stream.id, status))
+        self._lost(stream)
+
+    def _release(self, stream: _Stream) -> None:
+        """Stop everything working for ``stream``: decoding, its voice, its encoder, its parked audio."""
+        if stream.decoder is not None:
+            stream.decoder.close()  # withdraws the call in flight, gives the slot back
+        stream.intake.close()
+        stream.speaker.cancel()
+        if stream.encoding is not None:
+            stream.encoding.cancel()
+        stream.parked = None
+
+    def _lost(self, stream: _Stream) -> None:
+        """Forget ``stream``; one that never reported its done counts as ``lost`` (connection gone)."""
+        if not stream.reported:
+            stream.reported = True
+            self.server.metrics.streams["lost"] += 1
+        if self.streams.get(stream.id) is stream:
+            del self.streams[stream.id]
+            self.last_activity = time.monotonic()

@@ -8,7 +8,7 @@ alternative, one process per GPU behind the balancer, needs no code (``deploy/``
 fault; the group is for hosts where one port per host is wanted.
 
 :class:`DecoderGroup` offers what :class:`~.app.StreamServer` uses of a decoder (``codec``, ``mode``,
-``max_streams``, ``stats``, ``warmup``, ``freeze``, ``decode_tiles``), so the server needs no branch.
+``max_streams``, ``stats``, ``warmup``, ``freeze``, ``decode_tiles``, ``push_stream``), so the server needs no branch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from streamdec.engine.base import EngineStats, WarmupReport
 from streamdec.errors import ConfigError, TooManyStreamsError
-from streamdec.streaming import DecoderStats, StreamDecoder, TileStream
+from streamdec.streaming import DecoderStats, PushStream, StreamDecoder, TileStream
 
 from .placement import DeviceLoad, place
 
@@ -58,13 +58,20 @@ class DecoderGroup:
 
     def decode_tiles(self, chunks: Any, **options: Any) -> TileStream:
         """One stream, on the device with the most free capacity (see :func:`.placement.place`)."""
+        return self._placed().decode_tiles(chunks, **options)
+
+    def push_stream(self, *args: Any, **options: Any) -> PushStream:
+        """One stream without a task (:meth:`StreamDecoder.push_stream`), placed as ``decode_tiles``."""
+        return self._placed().push_stream(*args, **options)
+
+    def _placed(self) -> StreamDecoder:
         chosen = place(self.device_loads())
         if chosen is None:
             raise TooManyStreamsError(
                 f"every device is full ({self.max_streams} slots on {len(self.decoders)} devices); "
                 "retry later or start the server with more --slots"
             )
-        return self.decoders[chosen].decode_tiles(chunks, **options)
+        return self.decoders[chosen]
 
     @property
     def stats(self) -> DecoderStats:

@@ -385,11 +385,13 @@ ClientControl = Start | End | Cancel
 
 @dataclass(frozen=True, eq=False)
 class LatentMessage:
-    """One validated latent message; ``latents`` is ``[n_frames, latent_dim]`` in the stream's dtype."""
+    """One validated latent message; ``latents`` is ``[n_frames, latent_dim]`` in the stream's dtype, in
+    memory of its own: a numpy array (float32, float16), or a tensor where numpy lacks the dtype
+    (bfloat16). Sessions buffer numpy, so the usual dtypes reach them without a conversion."""
 
     stream: int
     seq: int
-    latents: torch.Tensor
+    latents: np.ndarray | torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------------
@@ -405,24 +407,28 @@ def _from_le_bytes(payload: bytes | bytearray | memoryview, dtype: torch.dtype) 
     return torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
 
 
-def _latents_from_payload(payload: memoryview, dtype: str, n_frames: int, dim: int) -> torch.Tensor:
-    """``[n_frames, dim]`` in ``dtype``, in memory of its own; through numpy where numpy has the dtype: a
-    handful of numpy calls cost a few microseconds, each torch call on a tiny tensor about as much."""
+def _latents_from_payload(
+    payload: memoryview, dtype: str, n_frames: int, dim: int
+) -> np.ndarray | torch.Tensor:
+    """``[n_frames, dim]`` in ``dtype``, in memory of its own; numpy where numpy has the dtype: a handful
+    of numpy calls cost a few microseconds, each torch call on a tiny tensor about as much."""
     np_dtype = _NUMPY_LATENT_DTYPES.get(dtype)
     if np_dtype is None:  # bfloat16
         return _from_le_bytes(payload, LATENT_DTYPES[dtype]).view(n_frames, dim)
     array = np.frombuffer(bytearray(payload), dtype=np_dtype).reshape(n_frames, dim)  # writable, owned
     if not array.dtype.isnative:  # pragma: no cover - no big-endian CI
         array = array.astype(array.dtype.newbyteorder("="))
-    return torch.from_numpy(array)
+    return array
 
 
 def _to_le_bytes(array: np.ndarray) -> bytes:
     return array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def _float_samples(samples: torch.Tensor) -> np.ndarray:
+def _float_samples(samples: torch.Tensor | np.ndarray) -> np.ndarray:
     """``samples`` as a float32 numpy array, without a copy when it already is one on the CPU."""
+    if isinstance(samples, np.ndarray):
+        return samples if samples.dtype == np.float32 else samples.astype(np.float32)
     if samples.dtype != torch.float32 or samples.device.type != "cpu" or samples.requires_grad:
         samples = samples.detach().to("cpu", torch.float32)
     return samples.numpy()
@@ -439,8 +445,11 @@ def encode_latents(
     return LATENT_HEADER.pack(LATENT_MAGIC, stream, seq, tensor.shape[0]) + _to_le_bytes(raw)
 
 
-def encode_audio(stream: int, seq: int, start_sample: int, samples: torch.Tensor, fmt: str) -> bytes:
-    """An audio message: ``samples`` is float ``[channels, n]``; interleaved on the wire in ``fmt``."""
+def encode_audio(
+    stream: int, seq: int, start_sample: int, samples: torch.Tensor | np.ndarray, fmt: str
+) -> bytes:
+    """An audio message: ``samples`` is float ``[channels, n]`` (a tensor or an array); interleaved on the
+    wire in ``fmt``."""
     header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1])
     floats = _float_samples(samples)
     if fmt == "pcm_s16le":
@@ -722,7 +731,7 @@ class ServerState:
 
     def _check_latents(
         self, state: _StreamState, seq: int, n_frames: int, payload: memoryview
-    ) -> torch.Tensor:
+    ) -> np.ndarray | torch.Tensor:
         stream, dim = state.start.stream, self.codec.latent_dim
         if seq != state.next_seq:
             raise _fail(
@@ -753,9 +762,7 @@ class ServerState:
                 stream,
             )
         latents = _latents_from_payload(payload, state.start.dtype, n_frames, dim)
-        bad = first_non_finite_row(
-            latents.float().numpy() if latents.dtype == torch.bfloat16 else latents.numpy()
-        )
+        bad = first_non_finite_row(latents.float().numpy() if isinstance(latents, torch.Tensor) else latents)
         if bad is not None:
             raise _fail(
                 ErrorCode.NON_FINITE,
@@ -814,7 +821,7 @@ class ServerState:
         if stream in self._streams:
             self._streams[stream].accepting = False
 
-    def audio(self, stream: int, samples: torch.Tensor) -> bytes:
+    def audio(self, stream: int, samples: torch.Tensor | np.ndarray) -> bytes:
         """The next audio message of ``stream`` for float ``samples`` ``[channels, n]`` (a PCM format)."""
         state = self._streams[stream]
         data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format)

@@ -14,12 +14,13 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -27,7 +28,14 @@ import torch
 from .codecs import Codec
 from .codecs.stateful import StatefulNet, supports_stateful
 from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
-from .errors import ConcurrentIterationError, ConfigError, EngineClosedError, NonFiniteOutputError, ShapeError
+from .errors import (
+    ConcurrentIterationError,
+    ConfigError,
+    EngineClosedError,
+    EngineError,
+    NonFiniteOutputError,
+    ShapeError,
+)
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
 from .session import (
     FlushPolicy,
@@ -49,7 +57,7 @@ DEFAULT_MAX_STREAMS = 64
 #: frame is decoded once, and every step size is a captured shape
 DEFAULT_MAX_STEP = 16
 
-__all__ = ["DecoderStats", "StreamDecoder", "TileStream"]
+__all__ = ["ChunkSource", "DecoderStats", "PushStream", "StreamDecoder", "TileStream"]
 
 Chunks = AsyncIterable[Any] | Iterable[Any]
 
@@ -224,6 +232,17 @@ class StreamDecoder:
         """
         if self._closed:
             raise EngineClosedError("decode_tiles() on a closed StreamDecoder")
+        own_sizes = min_emit is not None or max_emit is not None
+        min_emit = self.min_emit if min_emit is None else min_emit
+        max_emit = self.max_emit if max_emit is None else max_emit
+        session, slot = self._session(min_emit, max_emit, allow_non_finite, own_sizes)
+        return TileStream(self, session, chunks, next(self._ids), slot=slot)
+
+    def _session(
+        self, min_emit: int, max_emit: int, allow_non_finite: bool | None, own_sizes: bool
+    ) -> tuple[StreamSession | StatefulSession, int | None]:
+        """A new stream's session, and its engine slot when stateful (TooManyStreamsError when every
+        slot is taken: the stream is refused now)."""
         options = SessionOptions(
             latent_dim=self.codec.latent_dim,
             hop_size=self.codec.hop_size,
@@ -232,16 +251,25 @@ class StreamDecoder:
             flush_policy=self.flush_policy,
             sample_rate=self.codec.sample_rate,
         )
-        own_sizes = min_emit is not None or max_emit is not None
-        min_emit = self.min_emit if min_emit is None else min_emit
-        max_emit = self.max_emit if max_emit is None else max_emit
         if self.policy is not None:
             policy = self._policy(min_emit, max_emit) if own_sizes else self.policy
-            stateful = StatefulSession(policy, **options)
-            slot = self.engine.open_slot()  # TooManyStreamsError when every slot is taken: refused now
-            return TileStream(self, stateful, chunks, next(self._ids), slot=slot)
-        planner = self._planner(min_emit, max_emit, self.window_sizes)
-        return TileStream(self, StreamSession(planner, **options), chunks, next(self._ids))
+            return StatefulSession(policy, **options), self.engine.open_slot()
+        return StreamSession(self._planner(min_emit, max_emit, self.window_sizes), **options), None
+
+    def push_stream(
+        self,
+        source: ChunkSource,
+        on_tile: Callable[[Tile], bool],
+        on_end: Callable[[BaseException | None], None],
+        *,
+        allow_non_finite: bool | None = None,
+    ) -> PushStream:
+        """Decode one stream without a task (see :class:`PushStream`): call its ``pump()`` whenever
+        ``source`` gained a chunk or ended; tiles go to ``on_tile`` on the event loop, in order."""
+        if self._closed:
+            raise EngineClosedError("push_stream() on a closed StreamDecoder")
+        session, slot = self._session(self.min_emit, self.max_emit, allow_non_finite, own_sizes=False)
+        return PushStream(self, session, source, next(self._ids), slot=slot, on_tile=on_tile, on_end=on_end)
 
     async def decode(self, latents: Any, *, max_in_flight: int = 8) -> torch.Tensor:
         """Decode whole clips through the engine, tiled: ``[T, D] -> [C, T*hop]``, ``[B, T, D] -> [B, C, T*hop]``.
@@ -270,7 +298,95 @@ class StreamDecoder:
         return out if batched else out[0]
 
 
-class TileStream(AsyncIterator[Tile]):
+class _StreamCore:
+    """What both ways of driving a stream share: its session, engine calls, output checks and slot."""
+
+    def __init__(
+        self,
+        decoder: StreamDecoder,
+        session: StreamSession | StatefulSession,
+        stream_id: int,
+        slot: int | None,
+    ) -> None:
+        self.decoder = decoder
+        self.session = session
+        self.stream_id = stream_id
+        self.slot = slot  # the engine's state slot of a stateful stream, given back when the stream ends
+        self._closed = False
+        decoder._stats.open_streams += 1
+        decoder._stats.streams += 1
+
+    @property
+    def first_audio_at(self) -> float | None:
+        """``time.monotonic()`` of the stream's first tile, None before it."""
+        return self.session.first_audio_at
+
+    def _engine_call(self, job: Job | StepJob) -> Coroutine[Any, Any, torch.Tensor]:
+        """The engine's coroutine that decodes ``job`` (not started)."""
+        engine = self.decoder.engine
+        if isinstance(job, Job):
+            window = job.window
+            request = WindowRequest(
+                self.stream_id, job.latents, window.emit_offset, window.emit_frames, self._deadline()
+            )
+            return engine.decode_window(request)
+        if job.kind == "whole":  # a stream too short to prime: one window of its own length
+            request = WindowRequest(self.stream_id, job.latents, 0, job.emit_frames, self._deadline())
+            return engine.decode_window(request)
+        assert self.slot is not None
+        return engine.decode_step(
+            StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
+        )
+
+    def _deadline(self) -> float:
+        return self.session.deadline(time.monotonic())
+
+    def _tile(self, job: Job | StepJob, audio: torch.Tensor, began: float) -> Tile:
+        """The checked tile of a finished call; the session learns how long the call took."""
+        now = time.monotonic()
+        self.session.decoded(now - began)
+        self._check_output(job, audio)
+        tile = self._complete(job, audio)
+        self.session.first_audio(now)
+        self.decoder._stats.tiles += 1
+        self.decoder._stats.frames += tile.frames
+        return tile
+
+    def _check_output(self, job: Job | StepJob, audio: torch.Tensor) -> None:
+        if self.session.allow_non_finite or all_finite(audio.numpy()):
+            return
+        start, end = (
+            (job.window.emit_start, job.window.emit_end)
+            if isinstance(job, Job)
+            else (job.emit_start, job.emit_end)
+        )
+        raise NonFiniteOutputError(
+            f"decoded audio of frames {start}..{end} holds NaN or Inf although the latents "
+            "were finite: they overflow inside the codec; rescale the latents to the codec's range"
+        )
+
+    def _complete(self, job: Job | StepJob, audio: torch.Tensor) -> Tile:
+        if isinstance(self.session, StatefulSession):
+            assert isinstance(job, StepJob)
+            return self.session.complete(job, audio)
+        assert isinstance(job, Job)
+        return self.session.complete(job, audio)
+
+    def __del__(self) -> None:
+        # A stream dropped without being closed (a `break` outside `async with`) still gives back its
+        # slot and count; an iterator's source is closed by the garbage collector's own finalizers.
+        if not getattr(self, "_closed", True):
+            self._free()
+
+    def _free(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.decoder._stats.open_streams -= 1
+            if self.slot is not None:
+                self.decoder.engine.close_slot(self.slot)
+
+
+class TileStream(_StreamCore, AsyncIterator[Tile]):
     """The async iterator ``decode_tiles`` returns; also an async context manager that always cleans up."""
 
     def __init__(
@@ -282,19 +398,13 @@ class TileStream(AsyncIterator[Tile]):
         *,
         slot: int | None = None,
     ) -> None:
-        self.decoder = decoder
-        self.session = session
-        self.stream_id = stream_id
-        self.slot = slot  # the engine's state slot of a stateful stream, given back when the stream ends
+        super().__init__(decoder, session, stream_id, slot)
         self._busy = False  # an __anext__ is running: a second consumer is refused
         self._source: AsyncIterator[Any] | Iterator[Any] = (
             aiter(chunks) if isinstance(chunks, AsyncIterable) else iter(chunks)
         )
         self._is_async = isinstance(chunks, AsyncIterable)
         self._pending: asyncio.Future[Any] | None = None  # a pull from an async source still waiting
-        self._closed = False
-        decoder._stats.open_streams += 1
-        decoder._stats.streams += 1
 
     async def __aenter__(self) -> TileStream:
         return self
@@ -320,10 +430,7 @@ class TileStream(AsyncIterator[Tile]):
                 self._free()
                 raise StopAsyncIteration
             began = time.monotonic()
-            audio = await self._decode(job)
-            self.session.decoded(time.monotonic() - began)
-            self._check_output(job, audio)
-            tile = self._complete(job, audio)
+            tile = self._tile(job, await self._engine_call(job), began)
         except StopAsyncIteration:
             raise
         except BaseException:
@@ -332,9 +439,6 @@ class TileStream(AsyncIterator[Tile]):
             raise
         finally:
             self._busy = False
-        self.session.first_audio(time.monotonic())
-        self.decoder._stats.tiles += 1
-        self.decoder._stats.frames += tile.frames
         return tile
 
     async def _next_job(self) -> Job | StepJob | None:
@@ -360,11 +464,6 @@ class TileStream(AsyncIterator[Tile]):
                     return job
                 continue
             self.session.feed(chunk)
-
-    @property
-    def first_audio_at(self) -> float | None:
-        """``time.monotonic()`` of the stream's first tile, None before it."""
-        return self.session.first_audio_at
 
     def _take_ready(self) -> None:
         """Feed the chunks an async source already holds, up to what the next call can take.
@@ -403,63 +502,6 @@ class TileStream(AsyncIterator[Tile]):
         pending, self._pending = self._pending, None
         return pending.result()
 
-    def _check_output(self, job: Job | StepJob, audio: torch.Tensor) -> None:
-        if self.session.allow_non_finite or all_finite(audio.numpy()):
-            return
-        start, end = (
-            (job.window.emit_start, job.window.emit_end)
-            if isinstance(job, Job)
-            else (job.emit_start, job.emit_end)
-        )
-        raise NonFiniteOutputError(
-            f"decoded audio of frames {start}..{end} holds NaN or Inf although the latents "
-            "were finite: they overflow inside the codec; rescale the latents to the codec's range"
-        )
-
-    def _complete(self, job: Job | StepJob, audio: torch.Tensor) -> Tile:
-        if isinstance(self.session, StatefulSession):
-            assert isinstance(job, StepJob)
-            return self.session.complete(job, audio)
-        assert isinstance(job, Job)
-        return self.session.complete(job, audio)
-
-    async def _decode(self, job: Job | StepJob) -> torch.Tensor:
-        engine = self.decoder.engine
-        if isinstance(job, Job):
-            return await engine.decode_window(self._request(job))
-        if job.kind == "whole":  # a stream too short to prime: one window of its own length
-            request = WindowRequest(self.stream_id, job.latents, 0, job.emit_frames, self._deadline())
-            return await engine.decode_window(request)
-        assert self.slot is not None
-        step = StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
-        return await engine.decode_step(step)
-
-    def _request(self, job: Job) -> WindowRequest:
-        window = job.window
-        return WindowRequest(
-            stream_id=self.stream_id,
-            latents=job.latents,
-            emit_offset=window.emit_offset,
-            emit_frames=window.emit_frames,
-            deadline=self._deadline(),
-        )
-
-    def _deadline(self) -> float:
-        return self.session.deadline(time.monotonic())
-
-    def __del__(self) -> None:
-        # An iterator dropped without aclose() (a `break` outside `async with`) still gives back its slot
-        # and count; its source is closed by the garbage collector's own finalizers.
-        if not getattr(self, "_closed", True):
-            self._free()
-
-    def _free(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.decoder._stats.open_streams -= 1
-            if self.slot is not None:
-                self.decoder.engine.close_slot(self.slot)
-
     async def aclose(self) -> None:
         """Stop the stream: nothing more is read or decoded. Idempotent."""
         if self._closed:
@@ -473,3 +515,217 @@ class TileStream(AsyncIterator[Tile]):
             close = getattr(self._source, "aclose", None)
             if close is not None:
                 await close()
+
+
+class ChunkSource(Protocol):
+    """What a :class:`PushStream` reads its chunks from: a queue its owner fills and ends."""
+
+    def take_ready(self) -> Any:
+        """The next chunk if one is at hand, else None; never waits."""
+
+    @property
+    def exhausted(self) -> bool:
+        """No chunk is at hand and none will come (the producer ended)."""
+
+
+class PushStream(_StreamCore):
+    """``decode_tiles`` turned inside out, for a server carrying many streams on one event loop: no task.
+
+    The owner fills a :class:`ChunkSource` and calls :meth:`pump` when it put a chunk there or ended it;
+    the stream then feeds the session and submits the next call to the engine at once. The engine's result
+    comes back on the event loop as a callback, which hands the tile to ``on_tile`` and submits the next
+    call. So a chunk costs no wake-up of its own: the reader that received it submits its work, and the
+    completion that returns the audio sends it. Timers replace the wait for a chunk: a flush is a
+    ``call_later``.
+
+    ``on_tile(tile)`` returns whether to go on; False pauses the stream (its listener is behind) until
+    :meth:`resume`. ``on_end(error)`` is called once when the stream ends by itself: None when every tile
+    went out, else the error that ended it (bad input, engine failure, a raising ``on_tile``). :meth:`close`
+    ends it from outside (withdrawing the call in flight) and calls neither.
+    """
+
+    def __init__(
+        self,
+        decoder: StreamDecoder,
+        session: StreamSession | StatefulSession,
+        source: ChunkSource,
+        stream_id: int,
+        *,
+        slot: int | None,
+        on_tile: Callable[[Tile], bool],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        super().__init__(decoder, session, stream_id, slot)
+        self.source = source
+        self._on_tile, self._on_end = on_tile, on_end
+        self._loop = asyncio.get_running_loop()
+        self._call: _CallbackCall | None = None  # the engine call in flight (one at a time, in order)
+        self._timer: asyncio.TimerHandle | None = None  # the flush time of the ready frames
+        self._paused = False
+
+    def pump(self) -> None:
+        """Feed what the source holds and submit the next call when one is due (nothing if one is in
+        flight: its completion pumps again)."""
+        if self._closed or self._call is not None or self._paused:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            job = self._next_job()
+        except Exception as exc:  # bad input: the stream is over
+            self._finish(exc)
+            return
+        if job is not None:
+            self._submit(job)
+
+    def resume(self) -> None:
+        """The listener caught up: go on after ``on_tile`` returned False."""
+        self._paused = False
+        self.pump()
+
+    def close(self) -> None:
+        """Stop the stream from outside: the call in flight is withdrawn, nothing more is decoded."""
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()  # withdrawn from the engine's queue before its slot is given back
+        self._free()
+
+    def _next_job(self) -> Job | StepJob | None:
+        """The next call, or None: finished (then ended), or waiting for a chunk (then a flush timer)."""
+        session = self.session
+        while True:
+            self._take_ready()
+            job = session.next_job()
+            if job is not None:
+                return job
+            if session.finished:
+                self._finish(None)
+                return None
+            chunk = None if session.ended else self.source.take_ready()
+            if chunk is not None:
+                session.feed(chunk)
+            elif not session.ended and self.source.exhausted:
+                session.end()
+            else:
+                wait = session.flush_wait(time.monotonic())
+                if wait is not None:
+                    self._timer = self._loop.call_later(wait, self._flush)
+                return None
+
+    def _take_ready(self) -> None:
+        """Feed chunks at hand up to what the next call can take (see ``TileStream._take_ready``)."""
+        session = self.session
+        while session.call_room > 0 and not session.ended:
+            chunk = self.source.take_ready()
+            if chunk is None:
+                return
+            session.feed(chunk)
+
+    def _flush(self) -> None:
+        """The flush time came with no chunk: the ready frames go out below the emission target."""
+        self._timer = None
+        if self._closed or self._call is not None or self._paused:
+            return
+        job = self.session.next_job(flush=True)
+        if job is not None:
+            self._submit(job)
+        else:
+            self.pump()
+
+    def _submit(self, job: Job | StepJob) -> None:
+        began = time.monotonic()
+        self._call = _CallbackCall(
+            self._loop, self._engine_call(job), lambda a, e: self._done(job, began, a, e)
+        )
+        self._call.start()
+
+    def _done(self, job: Job | StepJob, began: float, audio: Any, error: BaseException | None) -> None:
+        self._call = None
+        if self._closed:
+            return
+        try:
+            if error is not None:
+                raise error
+            go_on = self._on_tile(self._tile(job, audio, began))
+        except Exception as exc:  # engine failure, bad output, or the owner's own check
+            self._finish(exc)
+            return
+        if not go_on:
+            self._paused = True
+        self.pump()
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._free()
+        self._on_end(error)
+
+
+class _CallbackCall:
+    """One engine coroutine run without a task: stepped from the callbacks of the futures it awaits.
+
+    A task per call would cost a wake-up and a task object per chunk; the engine's coroutine awaits one
+    future (its result) and stepping it by hand is what a task's own step does. ``done(result, error)``
+    is called once, unless :meth:`cancel` came first; cancelling throws ``CancelledError`` into the
+    coroutine, as cancelling a task would, so the engine withdraws the work it queued.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, torch.Tensor],
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        self._loop, self._coro, self._done = loop, coro, done
+        self._waiting: asyncio.Future[Any] | None = None
+        self._over = False
+
+    def start(self) -> None:
+        self._step()
+
+    def _step(self, error: BaseException | None = None) -> None:
+        try:
+            waited = self._coro.send(None) if error is None else self._coro.throw(error)
+        except StopIteration as stop:
+            self._end(stop.value, None)
+            return
+        except Exception as exc:
+            self._end(None, exc)
+            return
+        except asyncio.CancelledError:  # its future cancelled by someone else: the stream must still end
+            self._end(None, EngineError("the engine call was cancelled outside its stream"))
+            return
+        if waited is None:  # a bare yield (asyncio.sleep(0)): step again on the next loop pass
+            self._loop.call_soon(self._step)
+            return
+        waited._asyncio_future_blocking = False  # as a task does for the future it waits on
+        self._waiting = waited
+        waited.add_done_callback(self._wake)
+
+    def _wake(self, future: asyncio.Future[Any]) -> None:
+        self._waiting = None
+        if not self._over:
+            self._step()
+
+    def _end(self, result: Any, error: BaseException | None) -> None:
+        self._over = True
+        self._done(result, error)
+
+    def cancel(self) -> None:
+        if self._over:
+            return
+        self._over = True
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.remove_done_callback(self._wake)
+            waiting.cancel()
+        with contextlib.suppress(BaseException):  # CancelledError, re-raised by the coroutine, is expected
+            self._coro.throw(asyncio.CancelledError())
+        self._coro.close()

@@ -6,7 +6,8 @@ completers, chosen by the engine's ``completion`` option (``scripts/bench_gpu.py
 
 * :class:`ThreadCompleter` - one thread blocks in ``event.synchronize()`` for each replay in launch order,
   cuts each window's slice out of the pinned buffer (a fresh tensor, so nothing handed out aliases an
-  engine buffer) and resolves the futures with one ``call_soon_threadsafe`` per event loop.
+  engine buffer) and resolves the futures with one ``call_soon_threadsafe`` per event loop, for that
+  replay and every later one already complete: a server's loop wakes once per batch of results.
 * :class:`PollCompleter` - an asyncio task on the engine's loop checks ``event.query()`` for the oldest
   replay every ``interval`` seconds; no thread, but latency up to one interval and the loop does the cut.
 
@@ -27,6 +28,9 @@ from typing import Any
 import torch
 
 __all__ = ["Completer", "Inflight", "PollCompleter", "ThreadCompleter", "Waiter"]
+
+#: results to hand to each event loop: (future, value) pairs
+_Deliveries = dict[asyncio.AbstractEventLoop, list[tuple["asyncio.Future[torch.Tensor]", torch.Tensor]]]
 
 
 @dataclass(eq=False)
@@ -58,16 +62,23 @@ class Inflight:
             return None
         return float(self.began.elapsed_time(self.done)) / 1000.0
 
+    def complete(self) -> bool:
+        """Whether the output copy is valid now (never waits)."""
+        return self.done is None or bool(self.done.query())  # type: ignore[no-untyped-call]
+
     def deliver(self) -> None:
         """Cut every live waiter's slice (fresh tensors) and resolve its future on its own loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]] = {}
+        by_loop: _Deliveries = {}
+        self.cut(by_loop)
+        _resolve_on_loops(by_loop)
+
+    def cut(self, by_loop: _Deliveries) -> None:
+        """Cut every live waiter's slice (fresh tensors) into ``by_loop``, the results for each loop."""
         for w in self.waiters:
             if w.future.cancelled():
                 continue  # withdrawn while in flight: decoded, dropped
             out = self.host[w.row, :, w.lo : w.hi].clone()
             by_loop.setdefault(w.loop, []).append((w.future, out))
-        for loop, pairs in by_loop.items():
-            _call_soon(loop, _resolve_all, pairs)
         self.host = torch.empty(0)  # release the pinned block back to the caching host allocator
 
     def fail(self, error: BaseException) -> None:
@@ -101,16 +112,36 @@ class ThreadCompleter(Completer):
         self._thread.join()
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+        ahead: collections.deque[Inflight | None] = collections.deque()  # taken from the queue, in order
+        while True:
+            if not ahead:
+                ahead.append(self._queue.get())
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    ahead.append(self._queue.get_nowait())
+            # The oldest replay (waited for), then every later one that is complete already.
+            batch: list[Inflight] = []
+            while ahead and ahead[0] is not None and (not batch or ahead[0].complete()):
+                batch.append(ahead.popleft())  # type: ignore[arg-type]
+            if not batch:
+                return  # closed: None came next
+            self._complete(batch)
+
+    @staticmethod
+    def _complete(batch: list[Inflight]) -> None:
+        """Resolve the batch's futures with one wake-up of each loop; then tell the engine."""
+        by_loop: _Deliveries = {}
+        for item in batch:
             try:
                 if item.done is not None:
                     item.done.synchronize()
-                item.deliver()
+                item.cut(by_loop)
             except Exception as exc:  # a failed copy or sync must still release every waiter
                 item.fail(exc)
-            finally:
-                if item.on_finish is not None:
-                    item.on_finish(item)
+        _resolve_on_loops(by_loop)
+        for item in batch:
+            if item.on_finish is not None:
+                item.on_finish(item)
 
 
 class PollCompleter(Completer):
@@ -168,6 +199,11 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
     # A loop closed under us (a test tearing down) has nobody left to tell.
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(fn, *args)
+
+
+def _resolve_on_loops(by_loop: _Deliveries) -> None:
+    for loop, pairs in by_loop.items():
+        _call_soon(loop, _resolve_all, pairs)
 
 
 def _resolve_all(pairs: list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]) -> None:

@@ -155,8 +155,9 @@ async def test_latents_past_the_buffer_bound_end_only_that_stream(codec: Any) ->
         await start(ws, 1)
         await send_latents(ws, 1, clip(640, 2, codec.latent_dim), chunk=32)
         got, _ = await collect(ws, {1: "pcm_s16le"})
-        codes = [e["code"] for e in got[1].errors]  # later messages of the ended stream: unknown_stream
-        assert codes.count("backlog_full") == 1 and set(codes) == {"backlog_full", "unknown_stream"}
+        # later messages of the ended stream get unknown_stream, before its done or after it
+        codes = [e["code"] for e in got[1].errors]
+        assert codes[0] == "backlog_full" and set(codes[1:]) <= {"unknown_stream"}
         assert got[1].done is not None and got[1].done["status"] == "error"
         assert got[1].done["frames"] < 640  # the refused messages are not counted
         await start(ws, 2)

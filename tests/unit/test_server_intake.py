@@ -26,24 +26,20 @@ def _chunk(value: float, frames: int = 1) -> torch.Tensor:
     return torch.full((frames, DIM), value)
 
 
-async def test_chunks_arrive_in_order_whether_or_not_the_decoder_waits() -> None:
-    """Chunks put before and while the decoder waits come out in order; end lets the rest out, then stops."""
+def test_chunks_come_out_in_order_and_the_listener_hears_each_put_and_the_end() -> None:
+    """Every put and the end call the listener; chunks come out in order; after end nothing more goes in."""
     intake, _ = _intake()
+    heard: list[bool] = []
+    intake.listener = lambda: heard.append(intake.exhausted)
     intake.put(_chunk(0))
-    got: list[float] = []
-
-    async def decoder() -> None:
-        async for chunk in intake:
-            got.append(float(chunk[0, 0]))
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(decoder)
-        await asyncio.sleep(0.01)  # the decoder took chunk 0 and waits
-        intake.put(_chunk(1))
-        intake.put(_chunk(2))
-        intake.end()
-        intake.put(_chunk(3))  # after end: dropped
-    assert got == [0.0, 1.0, 2.0]
+    intake.put(_chunk(1))
+    intake.end()
+    intake.put(_chunk(2))  # after end: dropped
+    intake.end()  # a second end tells nobody
+    assert heard == [False, False, False]
+    got = [float(c[0, 0]) for c in iter(intake.take_ready, None)]
+    assert got == [0.0, 1.0]
+    assert intake.exhausted
 
 
 def test_take_ready_never_waits_and_counts_what_was_taken() -> None:
@@ -73,4 +69,4 @@ async def test_a_voice_waits_for_room_then_fails_once_the_stream_is_gone() -> No
     intake.close()
     with pytest.raises(anyio.BrokenResourceError):
         await intake.feed(_chunk(2))
-    assert [c async for c in intake] == []
+    assert intake.take_ready() is None and intake.exhausted
