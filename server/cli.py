@@ -163,9 +163,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
                   flush=True)  # fmt: skip
         if voice is not None:
             print(f"streamdec: voice {voice.name!r} speaks a start's text{_phonemes_note()}", flush=True)
-        print(f"streamdec: ready {warmed - began:.1f} s after start-up began: codec and server "
-              f"{loaded - began:.1f} s, warm-up {report.seconds:.1f} s, capacity probe "
-              f"{warmed - loaded - report.seconds:.1f} s", flush=True)  # fmt: skip
+        spent = [f"codec and server {loaded - began:.1f} s", f"warm-up {report.seconds:.1f} s"]
+        if server.capacity_report is not None:
+            spent.append(f"capacity probe {warmed - loaded - report.seconds:.1f} s")
+        print(f"streamdec: ready {warmed - began:.1f} s after start-up began: {', '.join(spent)}", flush=True)
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
               f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
         await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))
