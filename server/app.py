@@ -16,6 +16,7 @@ import logging
 import signal
 import socket
 import time
+from asyncio.constants import ACCEPT_RETRY_DELAY
 from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
@@ -203,6 +204,11 @@ class StreamServer:
         lag, self.loop_lag = self.loop_lag, None
         if lag is not None:
             lag.stop()
+        # accept() retries that EMFILE scheduled still fire on the closed listener for up to a retry
+        # delay: keep counting them as ours until then, not as a traceback each
+        asyncio.get_running_loop().call_later(ACCEPT_RETRY_DELAY + 0.5, self._restore_handler)
+
+    def _restore_handler(self) -> None:
         loop = asyncio.get_running_loop()
         if loop.get_exception_handler() == self._loop_exception:
             loop.set_exception_handler(self._previous_handler)
@@ -321,6 +327,8 @@ class StreamServer:
                 log.warning("accept() failed (%s); %d times so far; new connections wait",
                             context.get("exception"), self.metrics.accept_errors)  # fmt: skip
             return
+        if _is_retry_on_closed_listener(context):
+            return  # the listener closed while asyncio waited to retry accept(): nothing to retry
         if self._previous_handler is not None:
             self._previous_handler(loop, context)
         else:
@@ -491,6 +499,18 @@ def urlsplit_path(target: str) -> tuple[str, str]:
     """``(path, query)`` of a request target."""
     path, _, query = target.partition("?")
     return path, query
+
+
+def _is_retry_on_closed_listener(context: dict[str, Any]) -> bool:
+    """asyncio's accept() retry (scheduled when accept() hit EMFILE) firing after the listener closed: its
+    socket has no descriptor any more, so the selector raises ValueError."""
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    if getattr(callback, "__name__", "") != "_start_serving" or not isinstance(
+        context.get("exception"), ValueError
+    ):
+        return False
+    return any(isinstance(arg, socket.socket) and arg.fileno() == -1 for arg in getattr(handle, "_args", ()))
 
 
 def _client_address(ws: ServerConnection) -> str:

@@ -2,56 +2,77 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
+from asyncio.constants import ACCEPT_RETRY_DELAY
+from typing import Any
 
 import anyio
 import pytest
 
-from support.server_support import http, raw, ready, serve_command, start
+from support.server_support import http, raw, ready, running_server, serve_command, start
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _spawn(cmd: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("STREAMDEC_TOKEN", None)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+class _ServerProcess:
+    """A server as a child process whose output a thread reads to its end: a server that logs into a
+    pipe nobody reads blocks once the pipe is full."""
 
+    def __init__(self, cmd: list[str]) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("STREAMDEC_TOKEN", None)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.lines: list[str] = []
+        self._ports: queue.Queue[int | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
-async def _port_of(proc: subprocess.Popen[str], lines: list[str]) -> int:
-    """Reads the output until the line with the URL; keeps every line read in ``lines``."""
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout as out:
+            for line in out:
+                self.lines.append(line)
+                if "ws://" in line:
+                    self._ports.put(int(line.split("ws://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]))
+        self._ports.put(None)
 
-    def read() -> int:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if "ws://" in line:
-                return int(line.split("ws://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
-        raise AssertionError(f"exited with {proc.wait()} before printing its URL: {''.join(lines)}")
+    async def port(self) -> int:
+        """The port of the first URL the server prints."""
+        port = await anyio.to_thread.run_sync(self._ports.get)
+        assert port is not None, f"exited with {self.proc.wait()} before printing its URL: {self.output()}"
+        return port
 
-    return await anyio.to_thread.run_sync(read)
+    def output(self) -> str:
+        return "".join(self.lines)
 
-
-def _finish(proc: subprocess.Popen[str], lines: list[str]) -> str:
-    if proc.poll() is None:
-        proc.kill()
-    out, _ = proc.communicate()
-    return "".join(lines) + out
+    def finish(self) -> str:
+        """Kills the server if it still runs; its whole output."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._reader.join(10)
+        return self.output()
 
 
 async def test_a_second_sigterm_stops_at_once() -> None:
     """SIGTERM starts the grace period (healthz 503); a second SIGTERM exits without waiting for it."""
     # a known capacity (--max-streams-total): what dac-tiny measures follows this machine's load
     cmd = serve_command("dac-tiny", "--grace", "300", "--max-streams-total", "2")
-    proc, lines = _spawn(cmd), []
+    server = _ServerProcess(cmd)
+    proc = server.proc
     try:
-        port = await _port_of(proc, lines)
+        port = await server.port()
         async with raw(f"ws://127.0.0.1:{port}/v1/stream") as ws:
             await ready(ws)
             await start(ws, 1)  # a stream that never ends: the grace period would run its 300 s
@@ -64,7 +85,7 @@ async def test_a_second_sigterm_stops_at_once() -> None:
             proc.send_signal(signal.SIGTERM)
             assert await anyio.to_thread.run_sync(proc.wait, 60) == 0
     finally:
-        out = _finish(proc, lines)
+        out = server.finish()
     assert "again: stopping now" in out and "Traceback" not in out
 
 
@@ -91,10 +112,11 @@ _FD_LIMITED_SERVER = textwrap.dedent(
 
 async def test_running_out_of_file_descriptors_logs_one_line_and_recovers() -> None:
     """At the fd limit accept() fails (EMFILE): no traceback flood, and connections work once fds free up."""
-    proc, lines = _spawn([sys.executable, "-c", _FD_LIMITED_SERVER]), []
+    server = _ServerProcess([sys.executable, "-c", _FD_LIMITED_SERVER])
+    proc = server.proc
     socks: list[socket.socket] = []
     try:
-        port = await _port_of(proc, lines)
+        port = await server.port()
         socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]  # silent: half-open
         await anyio.sleep(3.5)  # asyncio retries accept() every second: several failures
         for sock in socks:
@@ -117,6 +139,41 @@ async def test_running_out_of_file_descriptors_logs_one_line_and_recovers() -> N
     finally:
         for sock in socks:
             sock.close()
-        out = _finish(proc, lines)
+        out = server.finish()
     assert "Traceback" not in out, out[-3000:]
     assert out.count("accept() failed") <= 1, out[-3000:]
+
+
+async def test_an_accept_retry_that_fires_after_shutdown_is_not_a_traceback(codec: Any) -> None:
+    """EMFILE makes asyncio retry accept() a second later; a retry that fires after the listener closed
+    meets a socket without a descriptor (ValueError). The server swallows exactly that one error until the
+    retries are over, passes any other to the handler it replaced, and hands that handler back."""
+    loop = asyncio.get_running_loop()
+    reached: list[dict[str, Any]] = []
+
+    def record(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        reached.append(context)
+
+    loop.set_exception_handler(record)
+    try:
+        async with running_server(codec) as server:
+            listener = server._server.sockets[0]
+        closed = socket.socket()
+        closed.close()
+        # what asyncio schedules on EMFILE (BaseSelectorEventLoop._accept_connection)
+        loop.call_soon(loop._start_serving, lambda: None, closed, None, None, 100)  # type: ignore[attr-defined]
+        loop.call_soon(_raise, RuntimeError("someone else's error"))
+        await anyio.sleep(0.1)
+        assert [type(c.get("exception")) for c in reached] == [RuntimeError]
+        assert listener.fileno() == -1
+        await anyio.sleep(ACCEPT_RETRY_DELAY + 0.6)
+        assert loop.get_exception_handler() is record
+        loop.call_soon(loop._start_serving, lambda: None, closed, None, None, 100)  # type: ignore[attr-defined]
+        await anyio.sleep(0.1)
+        assert [type(c.get("exception")) for c in reached] == [RuntimeError, ValueError]
+    finally:
+        loop.set_exception_handler(None)
+
+
+def _raise(error: Exception) -> None:
+    raise error
