@@ -216,6 +216,8 @@ class DecodeEngine(Engine):
         self._stats = EngineStats()
         self._cond = threading.Condition()  # guards scheduler, stats, commands, inflight count
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
+        # event loops with a wake-up of the device thread scheduled (see _wake_soon)
+        self._wakes_scheduled: set[asyncio.AbstractEventLoop] = set()
         self._inflight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -369,12 +371,25 @@ class DecodeEngine(Engine):
                 raise EngineClosedError("decode after aclose(): the engine is closed")
             ticket = self._scheduler.push(_Pending(request, future, loop), frames, request.deadline, kind)
             self._stats.queued = self._scheduler.pending
-            self._cond.notify_all()
+        self._wake_soon(loop)
         try:
             return await future
         except asyncio.CancelledError:
             self._withdraw(ticket)
             raise
+
+    def _wake_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the device thread once the loop has run the callbacks at hand: a server's loop submits
+        the calls of every message one ``select`` returned, and the device thread then wakes once and
+        finds them together (one batch, one launch), not once per call."""
+        if loop not in self._wakes_scheduled:
+            self._wakes_scheduled.add(loop)
+            loop.call_soon(self._wake, loop)
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._wakes_scheduled.discard(loop)
+        with self._cond:
+            self._cond.notify_all()
 
     def _withdraw(self, ticket: Ticket[_Pending]) -> None:
         with self._cond:
