@@ -447,14 +447,20 @@ class StepPolicy:
 
     @classmethod
     def default(cls, right_frames: int, min_prime: int, min_step: int, max_step: int) -> StepPolicy:
-        """Powers of two from 1 to ``max_step``; primes of ``right_frames + e`` for those sizes ``e``."""
+        """Powers of two from 1 to ``max_step``; primes of ``right_frames + e`` for those sizes ``e``, each
+        rounded up to a multiple of ``min_step``.
+
+        The rounding is for producers whose chunks are multiples of ``min_step``: a prime then takes all
+        the frames at hand and every later chunk is one step. A prime of ``right_frames + e`` would leave
+        ``right_frames`` modulo the chunk behind for good (one frame, with 4-frame chunks and 7 frames of
+        right context), each step carrying it on: the stream's audio a frame late, and a flush timer
+        armed and cancelled for every chunk.
+        """
         if min_step < 1 or max_step < min_step:
             raise ConfigError(f"need 1 <= min_emit <= max_emit, got {min_step} and {max_step}")
         sizes = sorted({1 << i for i in range(max_step.bit_length()) if 1 << i <= max_step} | {max_step})
-        primes = sorted(
-            {max(min_prime, right_frames + e) for e in sizes if e >= min_step}
-            | {max(min_prime, right_frames + min_step)}
-        )
+        emitted = {e for e in sizes if e >= min_step} | {min_step}
+        primes = sorted({-(-max(min_prime, right_frames + e) // min_step) * min_step for e in emitted})
         return cls(tuple(sizes), tuple(primes), min_step, right_frames)
 
     def shapes(self) -> tuple[tuple[str, int], ...]:

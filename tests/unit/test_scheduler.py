@@ -74,7 +74,7 @@ def _replay_s(key: BucketKey) -> float:
 @given(
     work=st.lists(
         st.tuples(
-            st.sampled_from([("step", 4), ("step", 8), ("prime", 11), ("flush", 1)]), st.floats(0.0, 0.3)
+            st.sampled_from([("step", 4), ("step", 8), ("prime", 12), ("flush", 1)]), st.floats(0.0, 0.3)
         ),
         min_size=1,
         max_size=120,

@@ -118,8 +118,8 @@ def test_step_policy_shapes_and_validation() -> None:
     """The default policy covers every remainder with its step sizes and refuses impossible ones."""
     policy = StepPolicy.default(right_frames=7, min_prime=8, min_step=4, max_step=16)
     assert policy.step_sizes == (1, 2, 4, 8, 16)
-    assert policy.prime_sizes == (11, 15, 23)
-    assert ("flush", 0) in policy.shapes() and ("prime", 11) in policy.shapes()
+    assert policy.prime_sizes == (12, 16, 24)  # 7 + 4, 7 + 8, 7 + 16 rounded up to whole 4-frame chunks
+    assert ("flush", 0) in policy.shapes() and ("prime", 12) in policy.shapes()
     with pytest.raises(ConfigError, match="must include 1"):
         StepPolicy((2, 4), (11,), 4, 7)
     with pytest.raises(ConfigError, match="must exceed right_frames"):
@@ -129,10 +129,13 @@ def test_step_policy_shapes_and_validation() -> None:
 @pytest.mark.parametrize(
     ("chunks", "calls"),
     [
-        pytest.param([5], [("whole", 5)], id="too-short-to-prime"),
-        pytest.param([11], [("prime", 11), ("flush", 0)], id="prime-then-flush"),
-        pytest.param([11, 4, 3], [("prime", 11), ("step", 4), ("step", 2), ("flush", 1)], id="remainder"),
-        pytest.param([12, 4], [("prime", 11), ("step", 4), ("flush", 1)], id="flush-takes-the-rest"),
+        pytest.param([5], [("whole", 5)], id="short"),
+        pytest.param([11], [("whole", 11)], id="too-short-to-prime"),
+        pytest.param([12], [("prime", 12), ("flush", 0)], id="prime-then-flush"),
+        pytest.param([12, 4, 3], [("prime", 12), ("step", 4), ("step", 2), ("flush", 1)], id="remainder"),
+        pytest.param([13, 4], [("prime", 12), ("step", 4), ("flush", 1)], id="flush-takes-the-rest"),
+        pytest.param([4] * 6, [("prime", 12), ("step", 4), ("step", 4), ("step", 4), ("flush", 0)],
+                     id="whole-chunks-stay-whole"),  # fmt: skip
     ],
 )
 def test_session_plans_calls(chunks: list[int], calls: list[tuple[str, int]]) -> None:
@@ -165,7 +168,7 @@ def test_scheduler_holds_work_until_its_deadline_nears_or_its_bucket_fills() -> 
     for i in range(3):
         s.push(i + 1, 4, deadline=10.0, kind="step")
     assert s.hold(now=9.0, replay_s=instant, lead=0.5) is None  # four rows fill the largest bucket
-    assert s.buckets_for("prime", 11) == (1, 2)
+    assert s.buckets_for("prime", 12) == (1, 2)
 
 
 class _OpCounter(TorchDispatchMode):
