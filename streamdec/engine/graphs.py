@@ -151,10 +151,6 @@ class GraphTiers:
         self._capturing = False
         # where the captures' seconds go (the warm-up's note): eager runs, recording, timing replays
         self.capture_seconds = {"eager": 0.0, "capture": 0.0, "timing": 0.0}
-        # every Triton variant the warm-up's captures launch is compiled (the parallel precompile found
-        # and compiled them all, or an earlier warm-up did): a capture needs no first run outside it
-        self._precompiled = False
-        self.capture_retries = 0
 
     # -- lookup ---------------------------------------------------------------------------------------
 
@@ -229,11 +225,6 @@ class GraphTiers:
         notes.append(
             f"{len(todo)} captures: {spent['eager']:.1f} s running each shape first, {spent['capture']:.1f} s "
             f"recording, {spent['timing']:.1f} s timing replays"
-            + (
-                f", {self.capture_retries} captures retried after an eager run"
-                if self.capture_retries
-                else ""
-            )
         )
         return notes
 
@@ -248,7 +239,6 @@ class GraphTiers:
 
         marker = precompile.warm_marker(self._variant_fingerprint(keys)) if self.shapes else None
         if marker is not None and marker.exists():
-            self._precompiled = True
             return ["Triton variants: precompiled in the on-disk cache by an earlier warm-up"]
         began = time.perf_counter()
         assert self.stream is not None
@@ -266,8 +256,7 @@ class GraphTiers:
                 "precompiling the warm-up's Triton variants failed (%s); each compiles at first launch", exc
             )
             return [f"Triton variants not precompiled: {type(exc).__name__}: {exc}"]
-        self._precompiled = report.failed == 0
-        if marker is not None and self._precompiled:
+        if marker is not None and report.failed == 0:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
         return [f"{report.describe()} (found in {looked:.1f} s)"]
@@ -299,14 +288,6 @@ class GraphTiers:
                 notes.append(f"compiled {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
                 self.failed.append(key)
         try:
-            if self._precompiled:
-                try:
-                    return self._capture(key, None, "graph", self._bucket_pool, -1, eager_first=False)
-                except Exception as exc:  # something in the call needed its first run outside a capture
-                    self.capture_retries += 1
-                    log.info(
-                        "capture of %s without a first eager run failed (%s); retrying with one", key, exc
-                    )
             return self._capture(key, None, "graph", self._bucket_pool, -1)
         except Exception as exc:
             log.warning("plain capture of bucket %s failed (%s); it decodes eagerly", key, exc)
@@ -366,10 +347,8 @@ class GraphTiers:
         tier: str,
         pool: Any,
         generation: int,
-        eager_first: bool = True,
     ) -> CapturedGraph:
-        """Capture ``fn`` (None: the plain call for ``key``'s kind) on a static input of ``key``'s shape;
-        ``eager_first=False`` skips the first run outside the capture (every kernel is compiled already)."""
+        """Capture ``fn`` (None: the plain call for ``key``'s kind) on a static input of ``key``'s shape."""
         assert self.stream is not None
         with self._dynamo_config(), torch.cuda.stream(self.stream):
             static_slots = None
@@ -381,7 +360,7 @@ class GraphTiers:
             # Lazy init, Triton's compiles and cuDNN's heuristics happen here, outside the capture; a
             # compiled function runs twice, since its first call may recompile for the marked dimensions.
             began = time.perf_counter()
-            for _ in range(2 if tier == "compiled" else int(eager_first)):
+            for _ in range(2 if tier == "compiled" else 1):
                 fn(static_in)
             self.stream.synchronize()
             recording = time.perf_counter()
