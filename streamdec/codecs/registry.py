@@ -98,7 +98,29 @@ def build_codec(family: str, name: str, config: Mapping[str, Any]) -> Codec:
     """Build the architecture on the CPU with uninitialised weights (fast: no default init runs)."""
     with torch.device("meta"):
         codec = family_class(family).from_config(name, config)
-    return codec.to_empty(device="cpu")
+    _materialize_on_cpu(codec)
+    return codec
+
+
+def _materialize_on_cpu(module: torch.nn.Module) -> None:
+    """``module.to_empty(device="cpu")`` at a fraction of its cost: ``to_empty`` goes through
+    ``torch.empty_like`` of each meta tensor, which infers strides in Python (about a millisecond a
+    tensor, a second for auk-24k); ``torch.empty`` of the shape is microseconds. Shared tensors stay
+    shared."""
+    made: dict[int, torch.Tensor] = {}
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            made[id(t)] = torch.empty(t.shape, dtype=t.dtype)
+        return made[id(t)]
+
+    for m in module.modules():
+        for name, p in m._parameters.items():
+            if p is not None and p.is_meta:
+                m._parameters[name] = torch.nn.Parameter(empty(p), requires_grad=p.requires_grad)
+        for name, b in m._buffers.items():
+            if b is not None and b.is_meta:
+                m._buffers[name] = empty(b)
 
 
 def build_preset(name: str) -> Codec:
