@@ -134,8 +134,11 @@ def test_step_policy_shapes_and_validation() -> None:
         pytest.param([12], [("prime", 12), ("flush", 0)], id="prime-then-flush"),
         pytest.param([12, 4, 3], [("prime", 12), ("step", 4), ("step", 2), ("flush", 1)], id="remainder"),
         pytest.param([13, 4], [("prime", 12), ("step", 4), ("flush", 1)], id="flush-takes-the-rest"),
-        pytest.param([4] * 6, [("prime", 12), ("step", 4), ("step", 4), ("step", 4), ("flush", 0)],
-                     id="whole-chunks-stay-whole"),  # fmt: skip
+        pytest.param(
+            [4] * 6,
+            [("prime", 12), ("step", 4), ("step", 4), ("step", 4), ("flush", 0)],
+            id="whole-chunks-stay-whole",
+        ),
     ],
 )
 def test_session_plans_calls(chunks: list[int], calls: list[tuple[str, int]]) -> None:
