@@ -300,12 +300,17 @@ class Connection:
         """Run a connection task; any way it fails ends the connection (and frees every stream)."""
         try:
             await task()
-        except ConnectionClosed:
-            pass  # the peer went away while we were sending
-        except _CloseWith as exc:
+        except Exception as exc:
+            self._end_by(exc)
+            return
+        self._end_by(None)
+
+    def _end_by(self, exc: Exception | None) -> None:
+        """End the connection: ``exc`` (if any) is what failed in one of its tasks or in a message."""
+        if isinstance(exc, _CloseWith):
             self._fatal = self._fatal or exc
-        except Exception:
-            log.exception("connection handler failed")
+        elif exc is not None and not isinstance(exc, ConnectionClosed):  # closed: the peer went away
+            log.error("connection handler failed", exc_info=exc)
             self._fatal = self._fatal or _CloseWith(ErrorCode.INTERNAL, "internal server error")
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
@@ -458,16 +463,37 @@ class Connection:
 
     # -- inbound -----------------------------------------------------------------------------------
     async def _reader(self) -> None:
-        async for message in self.ws:  # ends on a normal close; raises ConnectionClosedError otherwise
-            self.last_activity = time.monotonic()
-            self.server.metrics.bytes_in += len(message)
-            try:
-                if isinstance(message, str):
-                    self._on_text(message)
-                else:
-                    self._on_latents(message)
-            except ProtocolError as exc:
-                self._on_protocol_error(exc)
+        # A connection StreamServer accepted hands whole messages over as websockets parses them (see
+        # server.app.DirectMessages); this loop takes the rest: those that came before, fragmented ones.
+        direct = hasattr(self.ws, "on_message")
+        if direct:
+            self.ws.on_message = self._on_direct_message  # type: ignore[attr-defined]
+        try:
+            async for message in self.ws:  # ends on a normal close; raises ConnectionClosedError otherwise
+                self._on_message(message)
+        finally:
+            if direct:
+                self.ws.on_message = None  # type: ignore[attr-defined]
+
+    def _on_direct_message(self, message: str | bytes) -> None:
+        """A message handed over from inside websockets' ``data_received``: what fails here ends the
+        connection as a failing reader task does, and the messages after it are not handled."""
+        try:
+            self._on_message(message)
+        except Exception as exc:
+            self.ws.on_message = None  # type: ignore[attr-defined]
+            self._end_by(exc)
+
+    def _on_message(self, message: str | bytes) -> None:
+        self.last_activity = time.monotonic()
+        self.server.metrics.bytes_in += len(message)
+        try:
+            if isinstance(message, str):
+                self._on_text(message)
+            else:
+                self._on_latents(message)
+        except ProtocolError as exc:
+            self._on_protocol_error(exc)
 
     def _on_protocol_error(self, exc: ProtocolError, retry_after_ms: int | None = None) -> None:
         stream = self.streams.get(exc.stream) if exc.stream is not None else None
