@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import Frame, Opcode
 
 from streamdec.io import pcm16
 from streamdec.protocol import LATENT_HEADER, encode_latents
@@ -113,6 +114,38 @@ async def test_half_precision_latents_decode(codec: Any, dtype: str) -> None:
         await run_stream(ws, 5, latents, chunk=7, fmt="pcm_f32le", dtype=dtype)
         got, _ = await collect(ws, {5: "pcm_f32le"})
     np.testing.assert_allclose(got[5].audio, offline(codec, latents), atol=1e-4, rtol=0)
+
+
+async def test_fragmented_and_whole_messages_keep_their_order(codec: Any) -> None:
+    """Whole messages are handled as websockets parses them, fragmented ones go through its queue: a
+    fragmented start, latents sent whole right behind it, a fragmented latent message and a fragmented end
+    still decode in the order sent, equal to the offline decode."""
+    latents = clip(30, seed=4)
+    async with running_server(codec) as server, raw(server.url) as ws:
+        await ready(ws)
+        start_text = json.dumps({"type": "start", "stream": 2, "format": "pcm_f32le"})
+        await ws.send([start_text[:10], start_text[10:]])  # one message in two frames
+        for seq, begin in enumerate(range(0, 20, 4)):
+            await ws.send(encode_latents(2, seq, latents[begin : begin + 4]))
+        tail = encode_latents(2, 5, latents[20:])
+        await ws.send([tail[:100], tail[100:]])
+        end_text = json.dumps({"type": "end", "stream": 2})
+        await ws.send([end_text[:5], end_text[5:]])
+        got, other = await collect(ws, {2: "pcm_f32le"})
+    assert other == [] and got[2].errors == []
+    np.testing.assert_allclose(got[2].audio, offline(codec, latents), atol=1e-4, rtol=0)
+
+
+async def test_text_that_is_not_utf8_closes_1007(codec: Any) -> None:
+    """A text frame that is not UTF-8 is websockets' to refuse, as before messages were handled inline."""
+    async with running_server(codec) as server, raw(server.url) as ws:
+        await ready(ws)
+        ws.protocol.send_frame(Frame(Opcode.TEXT, b'{"type": "\xff"}'))
+        ws.send_data()
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await ws.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1007
 
 
 async def test_stream_ids_are_reusable_after_done(codec: Any) -> None:
