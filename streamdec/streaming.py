@@ -321,6 +321,15 @@ class _StreamCore:
         """``time.monotonic()`` of the stream's first tile, None before it."""
         return self.session.first_audio_at
 
+    def _feed_at_hand(self, take: Callable[[], Any]) -> None:
+        """Feed the chunks ``take()`` has at hand (None: none) up to what the next call can take."""
+        session = self.session
+        while session.call_room > 0 and not session.ended:
+            chunk = take()
+            if chunk is None:
+                return
+            session.feed(chunk)
+
     def _engine_call(self, job: Job | StepJob) -> Coroutine[Any, Any, torch.Tensor]:
         """The engine's coroutine that decodes ``job`` (not started)."""
         engine = self.decoder.engine
@@ -475,11 +484,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         take = getattr(self._source, "take_ready", None)
         if take is None or self._pending is not None:  # a pull in flight gets the next chunk first
             return
-        while self.session.call_room > 0 and not self.session.ended:
-            chunk = take()
-            if chunk is None:
-                return
-            self.session.feed(chunk)
+        self._feed_at_hand(take)
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
@@ -619,12 +624,7 @@ class PushStream(_StreamCore):
 
     def _take_ready(self) -> None:
         """Feed chunks at hand up to what the next call can take (see ``TileStream._take_ready``)."""
-        session = self.session
-        while session.call_room > 0 and not session.ended:
-            chunk = self.source.take_ready()
-            if chunk is None:
-                return
-            session.feed(chunk)
+        self._feed_at_hand(self.source.take_ready)
 
     def _flush(self) -> None:
         """The flush time came with no chunk: the ready frames go out below the emission target."""
