@@ -50,7 +50,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from streamdec.errors import NonFiniteOutputError, ProtocolError
+from streamdec.errors import ProtocolError
 from streamdec.protocol import (
     CLOSE_CODES,
     OPUS_FORMAT,
@@ -64,7 +64,7 @@ from streamdec.protocol import (
     encode_text,
     error_code_for,
 )
-from streamdec.session import Tile, all_finite
+from streamdec.session import Tile
 from streamdec.streaming import PushStream
 
 from .guards import ErrorBudget
@@ -541,11 +541,13 @@ class Connection:
         self.streams[msg.stream] = stream
         self._control(self.state.started(msg.stream))
         try:
-            # allow_non_finite: ServerState checked every latent message already, and _on_tile checks the
-            # audio, so the session skips its own scans (each a pass over the data per message)
+            # latents_checked: ServerState checked every latent message already, so the session skips
+            # its own pass over the data. allow_non_finite=False whatever the decoder's default: NaN on the
+            # wire would play as silence or noise with no word (s16 would silently be zeros), so audio
+            # that overflowed inside the codec ends the stream with non_finite_output instead.
             stream.decoder = self.server.decoder.push_stream(
                 stream.intake, partial(self._on_tile, stream), partial(self._decoded, stream),
-                allow_non_finite=True,
+                latents_checked=True, allow_non_finite=False,
             )  # fmt: skip
         except Exception as exc:  # no slot left: this stream only
             self._report(stream, "error", exc)
@@ -586,16 +588,8 @@ class Connection:
     # -- one stream --------------------------------------------------------------------------------
     def _on_tile(self, stream: _Stream, tile: Tile) -> bool:
         """A tile of ``stream`` came back from the engine; False pauses the stream (see _offer_audio)."""
-        samples = tile.samples
+        samples = tile.samples  # finite: the stream checked it (see _start)
         values = samples.numpy()  # the engine's fresh float32 CPU tensor: numpy from here on
-        if not all_finite(values):
-            # Finite latents that overflow inside the codec: NaN on the wire would play as silence or
-            # noise with no word; s16 would silently be zeros. The library's typed error, when the engine
-            # raises it first, takes the same path.
-            raise NonFiniteOutputError(
-                f"stream {stream.id}: the decoder produced NaN or Inf audio from finite latents (values "
-                "too large for the codec?); nothing of this tile was sent"
-            )
         if not stream.audio_sent and stream.first_latent_at is not None:
             self.server.metrics.ttfa.observe(time.monotonic() - stream.first_latent_at)
         stream.audio_sent = True

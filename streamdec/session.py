@@ -225,6 +225,7 @@ class SessionOptions(TypedDict):
     hop_size: int
     pad_latent: torch.Tensor
     allow_non_finite: bool
+    latents_checked: bool
     flush_policy: FlushPolicy | None
     sample_rate: int | None
 
@@ -236,7 +237,8 @@ class _Intake:
 
     latent_dim: int
     hop_size: int
-    allow_non_finite: bool
+    allow_non_finite: bool  # NaN and Inf pass: latents are not scanned, decoded audio is not checked
+    latents_checked: bool  # the caller refused non-finite latents already: they are not scanned again
     _buf: np.ndarray  # [frames, latent_dim] float32
     received: int
     ended: bool
@@ -248,7 +250,7 @@ class _Intake:
 
     def __init__(
         self, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor, allow_non_finite: bool,
-        flush_policy: FlushPolicy | None, sample_rate: int | None,
+        latents_checked: bool, flush_policy: FlushPolicy | None, sample_rate: int | None,
     ) -> None:  # fmt: skip
         if tuple(pad_latent.shape) != (latent_dim,):
             raise ConfigError(f"pad_latent has shape {tuple(pad_latent.shape)}, expected ({latent_dim},)")
@@ -257,6 +259,7 @@ class _Intake:
         self.latent_dim = latent_dim
         self.hop_size = hop_size
         self.allow_non_finite = allow_non_finite
+        self.latents_checked = latents_checked
         self._buf = np.empty((0, latent_dim), np.float32)  # latents not yet dropped, up to `received`
         self.received = 0
         self.ended = False
@@ -307,7 +310,8 @@ class _Intake:
             raise StreamEndedError(
                 f"chunk fed after the stream ended at frame {self.received}: start a new stream"
             )
-        latents = latents_array(chunk, self.latent_dim, allow_non_finite=self.allow_non_finite)
+        skip_scan = self.allow_non_finite or self.latents_checked
+        latents = latents_array(chunk, self.latent_dim, allow_non_finite=skip_scan)
         frames = int(latents.shape[0])
         if frames:
             # a copy either way: the buffer never shares memory with the caller's chunk
@@ -343,12 +347,13 @@ class StreamSession(_Intake):
         hop_size: int,
         pad_latent: torch.Tensor,
         allow_non_finite: bool = False,
+        latents_checked: bool = False,
         flush_policy: FlushPolicy | None = None,
         sample_rate: int | None = None,
     ) -> None:
         super().__init__(
             latent_dim=latent_dim, hop_size=hop_size, pad_latent=pad_latent, allow_non_finite=allow_non_finite,
-            flush_policy=flush_policy, sample_rate=sample_rate,
+            latents_checked=latents_checked, flush_policy=flush_policy, sample_rate=sample_rate,
         )  # fmt: skip
         self.planner = planner
         self._pad = pad_latent.detach().to("cpu", torch.float32).numpy()
@@ -498,11 +503,12 @@ class StatefulSession(_Intake):
 
     def __init__(
         self, policy: StepPolicy, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor,
-        allow_non_finite: bool = False, flush_policy: FlushPolicy | None = None, sample_rate: int | None = None,
+        allow_non_finite: bool = False, latents_checked: bool = False, flush_policy: FlushPolicy | None = None,
+        sample_rate: int | None = None,
     ) -> None:  # fmt: skip
         super().__init__(
             latent_dim=latent_dim, hop_size=hop_size, pad_latent=pad_latent, allow_non_finite=allow_non_finite,
-            flush_policy=flush_policy, sample_rate=sample_rate,
+            latents_checked=latents_checked, flush_policy=flush_policy, sample_rate=sample_rate,
         )  # fmt: skip
         self.policy = policy
         self.fed = 0  # frames handed to calls; `_buf` starts here

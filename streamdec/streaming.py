@@ -239,7 +239,12 @@ class StreamDecoder:
         return TileStream(self, session, chunks, next(self._ids), slot=slot)
 
     def _session(
-        self, min_emit: int, max_emit: int, allow_non_finite: bool | None, own_sizes: bool
+        self,
+        min_emit: int,
+        max_emit: int,
+        allow_non_finite: bool | None,
+        own_sizes: bool,
+        latents_checked: bool = False,
     ) -> tuple[StreamSession | StatefulSession, int | None]:
         """A new stream's session, and its engine slot when stateful (TooManyStreamsError when every
         slot is taken: the stream is refused now)."""
@@ -248,6 +253,7 @@ class StreamDecoder:
             hop_size=self.codec.hop_size,
             pad_latent=self.codec.pad_latent,
             allow_non_finite=self.allow_non_finite if allow_non_finite is None else allow_non_finite,
+            latents_checked=latents_checked,
             flush_policy=self.flush_policy,
             sample_rate=self.codec.sample_rate,
         )
@@ -263,12 +269,21 @@ class StreamDecoder:
         on_end: Callable[[BaseException | None], None],
         *,
         allow_non_finite: bool | None = None,
+        latents_checked: bool = False,
     ) -> PushStream:
         """Decode one stream without a task (see :class:`PushStream`): call its ``pump()`` whenever
-        ``source`` gained a chunk or ended; tiles go to ``on_tile`` on the event loop, in order."""
+        ``source`` gained a chunk or ended; tiles go to ``on_tile`` on the event loop, in order.
+
+        ``latents_checked=True`` says the owner refused non-finite latents before putting them in
+        ``source`` (a server validates every message), so the stream does not scan them again; its
+        decoded audio is still checked (:class:`~streamdec.errors.NonFiniteOutputError`) unless
+        ``allow_non_finite``.
+        """
         if self._closed:
             raise EngineClosedError("push_stream() on a closed StreamDecoder")
-        session, slot = self._session(self.min_emit, self.max_emit, allow_non_finite, own_sizes=False)
+        session, slot = self._session(
+            self.min_emit, self.max_emit, allow_non_finite, own_sizes=False, latents_checked=latents_checked
+        )
         return PushStream(self, session, source, next(self._ids), slot=slot, on_tile=on_tile, on_end=on_end)
 
     async def decode(self, latents: Any, *, max_in_flight: int = 8) -> torch.Tensor:
@@ -362,6 +377,8 @@ class _StreamCore:
         return tile
 
     def _check_output(self, job: Job | StepJob, audio: torch.Tensor) -> None:
+        # Runs whether or not the latents were checked: finite latents can still overflow inside the
+        # codec, and NaN audio would play as silence or noise with no word of why.
         if self.session.allow_non_finite or all_finite(audio.numpy()):
             return
         start, end = (

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import streamdec
 from streamdec import StreamDecoder, Tile
 from streamdec.engine.simulated import SimulatedCost, simulated_engine
-from streamdec.errors import NonFiniteError
+from streamdec.errors import NonFiniteError, NonFiniteOutputError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -163,3 +163,34 @@ async def test_bad_input_ends_the_stream_with_its_typed_error(codec: Any) -> Non
         source.put(bad)
         assert isinstance(await listener.ended, NonFiniteError)
         assert dec.stats.open_streams == 0 and dec.engine.open_slots == 0  # type: ignore[attr-defined]
+
+
+def _overflowing(codec: Any, frames: int = 30) -> np.ndarray:
+    """Finite latents of +-3e38, which overflow inside the codec into NaN or Inf audio."""
+    huge = np.full((frames, codec.latent_dim), 3e38, np.float32)
+    huge[::2] *= -1
+    return huge
+
+
+@pytest.mark.parametrize("mode", ["stateful", "halo"])
+async def test_checked_latents_still_get_their_audio_checked(codec: Any, mode: str) -> None:
+    """latents_checked skips the scan of the latents only: audio that overflowed inside the codec ends
+    the stream with NonFiniteOutputError, and no tile of it reaches on_tile."""
+    async with StreamDecoder(codec, mode=mode) as dec:  # type: ignore[arg-type]
+        _, source, listener = _open(dec, latents_checked=True)
+        source.put(_overflowing(codec))
+        source.end()
+        error = await listener.ended
+        assert isinstance(error, NonFiniteOutputError) and "frames 0.." in str(error)
+        assert listener.tiles == [] and dec.stats.open_streams == 0
+
+
+async def test_allow_non_finite_delivers_non_finite_audio(codec: Any) -> None:
+    """allow_non_finite=True turns the output check off too: the overflowed audio reaches on_tile."""
+    async with StreamDecoder(codec) as dec:
+        _, source, listener = _open(dec, allow_non_finite=True)
+        source.put(_overflowing(codec))
+        source.end()
+        assert await listener.ended is None
+        audio = listener.audio()
+        assert audio.shape[-1] == 30 * codec.hop_size and not torch.isfinite(audio).all()

@@ -328,6 +328,22 @@ async def test_latents_that_overflow_the_codec_get_non_finite_output(codec: Any)
         assert server.metrics.streams["error"] == 1
 
 
+async def test_the_server_checks_the_audio_of_a_decoder_that_allows_non_finite(codec: Any) -> None:
+    """A decoder built with allow_non_finite=True (for its library users) still never puts NaN on the
+    wire: the server's streams check their audio, and the error names the frames that overflowed."""
+    async with running_server(codec, decoder={"allow_non_finite": True}) as server, raw(server.url) as ws:
+        await ready(ws)
+        await start(ws, 1, format="pcm_f32le")
+        await send_latents(ws, 1, clip(40, 1, codec.latent_dim).sign() * 3e38, chunk=40)
+        await ws.send(json.dumps({"type": "end", "stream": 1}))
+        got, _ = await collect(ws, {1: "pcm_f32le"})
+        (error,) = got[1].errors
+        assert error["code"] == "non_finite_output" and error["stream"] == 1
+        assert "decoded audio of frames 0.." in error["message"]
+        assert got[1].done is not None and got[1].done["status"] == "error"
+        assert got[1].audio.shape[1] == 0
+
+
 # -- shutdown --------------------------------------------------------------------------------------
 
 

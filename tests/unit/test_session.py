@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from streamdec.errors import ConfigError, ShapeError
+from streamdec.errors import ConfigError, NonFiniteError, ShapeError
 from streamdec.planning import StreamPlanner
 from streamdec.session import StreamSession
 
 D = 4
 
 
-def _session(left: int = 5, right: int = 2, min_emit: int = 1, max_emit: int = 4) -> StreamSession:
+def _session(
+    left: int = 5, right: int = 2, min_emit: int = 1, max_emit: int = 4, **options: Any
+) -> StreamSession:
     planner = StreamPlanner(left, right, min_emit=min_emit, max_emit=max_emit)
-    return StreamSession(planner, latent_dim=D, hop_size=3, pad_latent=torch.full((D,), -7.0))
+    return StreamSession(planner, latent_dim=D, hop_size=3, pad_latent=torch.full((D,), -7.0), **options)
 
 
 def _ramp(start: int, n: int) -> torch.Tensor:
@@ -108,3 +112,15 @@ def test_any_float_tensor_is_taken_as_float32_values(chunk: torch.Tensor) -> Non
     session = _session()
     assert session.feed(chunk) == 2
     assert session.snapshot()["buffered"] == 2
+
+
+def test_non_finite_latents_are_refused_unless_allowed_or_checked_already() -> None:
+    """feed scans for NaN and Inf by default; allow_non_finite or latents_checked skips that scan."""
+    chunk = torch.zeros(3, D)
+    chunk[1, 2] = float("nan")
+    with pytest.raises(NonFiniteError, match="frame 1 of 3"):
+        _session().feed(chunk)
+    for options in ({"allow_non_finite": True}, {"latents_checked": True}):
+        session = _session(**options)
+        assert session.feed(chunk) == 3, options
+        assert session.snapshot()["buffered"] == 3
