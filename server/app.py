@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
-from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 
 from streamdec.engine.base import WarmupReport
@@ -40,7 +39,7 @@ from streamdec.streaming import StreamDecoder
 
 from .admission import AdmissionController, Load, Refusal
 from .config import ServerConfig
-from .connection import Connection
+from .connection import Connection, DirectMessages
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
@@ -517,40 +516,6 @@ def _is_retry_on_closed_listener(context: dict[str, Any]) -> bool:
 def _client_address(ws: ServerConnection) -> str:
     address = ws.remote_address
     return str(address[0]) if address else "?"
-
-
-class DirectMessages(ServerConnection):
-    """A ServerConnection that hands each whole data message to ``on_message`` from inside
-    ``data_received``, as websockets parses it, instead of queueing it for a reader task: a server's
-    messages then cost no task wake-up each.
-
-    Only when a handler is set and no earlier message waits in websockets' queue, so the order holds;
-    fragmented messages, and text that is not UTF-8 (which websockets closes with 1007), take the queue.
-    """
-
-    on_message: Callable[[str | bytes], None] | None = None
-
-    def process_event(self, event: Any) -> None:
-        handler = self.on_message
-        if (
-            handler is None
-            or not isinstance(event, Frame)
-            or not event.fin
-            or event.opcode not in (Opcode.TEXT, Opcode.BINARY)
-            or getattr(getattr(self.recv_messages, "frames", None), "queue", True)  # earlier frames wait
-        ):
-            super().process_event(event)
-            return
-        data = bytes(event.data)
-        if event.opcode is Opcode.BINARY:
-            handler(data)
-            return
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            super().process_event(event)
-            return
-        handler(text)
 
 
 def _counted_connection(server: StreamServer) -> type[ServerConnection]:

@@ -15,7 +15,10 @@ The reader never waits for a stream: it reads every frame as it arrives, so ping
 websocket layer while someone reads), ``cancel`` and ``end`` are seen at once even when a stream is far
 behind. A producer faster than decoding is held back by ``max_buffered_frames`` (advertised in
 ``ready``): frames wait in the stream's intake until the decoder takes them, the reference client sends
-no further ahead than that, and a message past it ends that stream with ``backlog_full``.
+no further ahead than that, and a message past it ends that stream with ``backlog_full``. A connection
+that :class:`~.app.StreamServer` accepts is a :class:`DirectMessages`: whole messages come to the
+connection from inside websockets' ``data_received``, without a wake-up of the reader, which takes the
+rest (those that came before, fragmented ones).
 
 Backpressure towards the listener: a listener that stops reading blocks the writer in ``send``; the
 outbox fills; a stream whose audio finds the outbox full is paused with that message parked until the
@@ -48,6 +51,7 @@ import torch
 from anyio.abc import TaskGroup
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
 from streamdec.errors import ProtocolError
@@ -74,7 +78,7 @@ from .speech import speak
 if TYPE_CHECKING:
     from .app import StreamServer
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "DirectMessages"]
 
 log = logging.getLogger("streamdec.server")
 
@@ -256,12 +260,49 @@ class _Stream:
     opus: OpusEncoder | None = None  # format "opus": this stream's encoder
 
 
+class DirectMessages(ServerConnection):
+    """A ServerConnection that hands each whole data message to ``on_message`` from inside
+    ``data_received``, as websockets parses it, instead of queueing it for a reader task: a server's
+    messages then cost no task wake-up each.
+
+    Only when a handler is set and no earlier message waits in websockets' queue, so the order holds;
+    fragmented messages, and text that is not UTF-8 (which websockets closes with 1007), take the queue.
+    """
+
+    on_message: Callable[[str | bytes], None] | None = None
+
+    def process_event(self, event: Any) -> None:
+        handler = self.on_message
+        if (
+            handler is None
+            or not isinstance(event, Frame)
+            or not event.fin
+            or event.opcode not in (Opcode.TEXT, Opcode.BINARY)
+            or getattr(getattr(self.recv_messages, "frames", None), "queue", True)  # earlier frames wait
+        ):
+            super().process_event(event)
+            return
+        data = bytes(event.data)
+        if event.opcode is Opcode.BINARY:
+            handler(data)
+            return
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            super().process_event(event)
+            return
+        handler(text)
+
+
 class Connection:
     """One client: reader, writer, watchdog and stream tasks around a sans-I/O :class:`ServerState`."""
 
-    def __init__(self, server: StreamServer, ws: ServerConnection) -> None:
+    def __init__(self, server: StreamServer, ws: DirectMessages | ServerConnection) -> None:
         self.server = server
         self.ws = ws
+        # A connection StreamServer accepted hands whole messages over as websockets parses them; a
+        # plain ServerConnection has only the reader.
+        self._direct = ws if isinstance(ws, DirectMessages) else None
         self.config = server.config
         self.state = ServerState(
             server.codec,
@@ -463,17 +504,15 @@ class Connection:
 
     # -- inbound -----------------------------------------------------------------------------------
     async def _reader(self) -> None:
-        # A connection StreamServer accepted hands whole messages over as websockets parses them (see
-        # server.app.DirectMessages); this loop takes the rest: those that came before, fragmented ones.
-        direct = hasattr(self.ws, "on_message")
-        if direct:
-            self.ws.on_message = self._on_direct_message  # type: ignore[attr-defined]
+        # A DirectMessages connection hands whole messages over as websockets parses them; this loop
+        # takes the rest: those that came before, fragmented ones.
+        if self._direct is not None:
+            self._direct.on_message = self._on_direct_message
         try:
             async for message in self.ws:  # ends on a normal close; raises ConnectionClosedError otherwise
                 self._on_message(message)
         finally:
-            if direct:
-                self.ws.on_message = None  # type: ignore[attr-defined]
+            self._stop_direct()
 
     def _on_direct_message(self, message: str | bytes) -> None:
         """A message handed over from inside websockets' ``data_received``: what fails here ends the
@@ -481,8 +520,13 @@ class Connection:
         try:
             self._on_message(message)
         except Exception as exc:
-            self.ws.on_message = None  # type: ignore[attr-defined]
+            self._stop_direct()
             self._end_by(exc)
+
+    def _stop_direct(self) -> None:
+        """No more messages from inside ``data_received``: any still to come wait in websockets' queue."""
+        if self._direct is not None:
+            self._direct.on_message = None
 
     def _on_message(self, message: str | bytes) -> None:
         self.last_activity = time.monotonic()

@@ -15,6 +15,7 @@ from websockets.frames import Frame, Opcode
 
 from streamdec.io import pcm16
 from streamdec.protocol import LATENT_HEADER, encode_latents
+from streamdec.server.connection import DirectMessages
 from support.server_support import (
     POISON,
     clip,
@@ -134,6 +135,31 @@ async def test_fragmented_and_whole_messages_keep_their_order(codec: Any) -> Non
         got, other = await collect(ws, {2: "pcm_f32le"})
     assert other == [] and got[2].errors == []
     np.testing.assert_allclose(got[2].audio, offline(codec, latents), atol=1e-4, rtol=0)
+
+
+async def test_accepted_connections_hand_whole_messages_to_their_handler(codec: Any) -> None:
+    """A connection StreamServer accepts is a DirectMessages whose handler is its Connection's: a whole
+    message goes there from inside data_received, a fragmented one does not."""
+    async with running_server(codec) as server, raw(server.url) as ws:
+        await ready(ws)
+        (conn,) = server._connections
+        assert isinstance(conn.ws, DirectMessages)
+        handler = conn.ws.on_message
+        assert handler == conn._on_direct_message
+        handed: list[str | bytes] = []
+
+        def recording(message: str | bytes) -> None:
+            handed.append(message)
+            handler(message)
+
+        conn.ws.on_message = recording
+        whole = json.dumps({"type": "start", "stream": 1})
+        await ws.send(whole)
+        assert (await next_json(ws))["type"] == "started"
+        end = json.dumps({"type": "end", "stream": 1})
+        await ws.send([end[:5], end[5:]])
+        assert (await next_json(ws))["type"] == "done"
+        assert handed == [whole]
 
 
 async def test_text_that_is_not_utf8_closes_1007(codec: Any) -> None:
