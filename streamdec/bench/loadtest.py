@@ -53,8 +53,8 @@ from .loadstats import (
     distribution,
     first_window_chunk,
     generator_problem,
-    histogram_delta_quantile,
     largest_holding,
+    loop_lag_ms,
     next_streams,
     parse_prometheus,
     proc_cpu_seconds,
@@ -210,10 +210,6 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
     def per_s(name: str) -> float | None:
         return round((m1[name] - m0.get(name, 0.0)) / wall, 1) if name in m1 else None
 
-    def lag_ms(q: float) -> float | None:
-        value = histogram_delta_quantile(m0, m1, _LAG, q)
-        return None if value is None else round(value * 1000, 3)
-
     cpu = None if after.cpu_s is None or before.cpu_s is None else after.cpu_s - before.cpu_s
     return {
         "wall_s": round(wall, 3),
@@ -222,11 +218,7 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
         "cpu_s_per_stream_s": None if cpu is None or not stream_s else round(cpu / stream_s, 5),
         "bytes_in_per_s": per_s("streamdec_received_bytes_total"),
         "bytes_out_per_s": per_s("streamdec_sent_bytes_total"),
-        "loop_lag_ms": {
-            "p50": lag_ms(0.5),
-            "p99": lag_ms(0.99),
-            "max": round(m1[f"{_LAG}_max"] * 1000, 3) if f"{_LAG}_max" in m1 else None,
-        },
+        "loop_lag_ms": loop_lag_ms(m0, m1, _LAG),
     }
 
 

@@ -17,6 +17,7 @@ from streamdec.bench.loadstats import (
     histogram_delta_quantile,
     largest_holding,
     listener_underruns,
+    loop_lag_ms,
     next_streams,
     parse_prometheus,
     percentile,
@@ -205,6 +206,37 @@ def test_histogram_quantile_uses_only_observations_between_scrapes() -> None:
         0.0055
     )
     assert histogram_delta_quantile(before, before, "streamdec_event_loop_lag_seconds", 0.5) is None
+
+
+LAG = "streamdec_event_loop_lag_seconds"
+
+
+def _lag_scrape(fast: int, slow: int, peak: float) -> dict[str, float]:
+    """A scrape of the lag metrics: ``fast`` samples under 1 ms, ``slow`` in (100 ms, 250 ms]."""
+    counts = {"0.001": fast, "0.01": fast, "0.1": fast, "0.25": fast + slow, "+Inf": fast + slow}
+    text = "".join(f'{LAG}_bucket{{le="{le}"}} {n}\n' for le, n in counts.items())
+    return parse_prometheus(text + f"{LAG}_max {peak}\n")
+
+
+def test_loop_lag_p99_never_exceeds_the_max() -> None:
+    """95 fast samples and 5 in the 100-250 ms bucket, the largest 146 ms: interpolating puts p99 at
+    220 ms, above every sample; it is reported as the max instead. The median is left as it is."""
+    before, after = _lag_scrape(0, 0, 0.0), _lag_scrape(95, 5, 0.146)
+    assert histogram_delta_quantile(before, after, LAG, 0.99) == pytest.approx(0.22)
+    figures = loop_lag_ms(before, after, LAG)
+    assert figures == {"p50": 0.526, "p99": 146.0, "max": 146.0}
+
+
+def test_loop_lag_max_is_the_end_scrape_s_gauge_unless_another_scraper_reset_it() -> None:
+    """The max gauge resets at every scrape, so the end scrape's gauge is the interval's peak, however
+    large the one before it was. A gauge below the lowest lag the histogram's top bucket allows was
+    reset by another scraper meanwhile: the max is unknown and no quantile is clamped to it."""
+    before = _lag_scrape(100, 5, 0.2)  # the previous run's peak, reset by this scrape
+    after = _lag_scrape(200, 6, 0.12)  # one more slow sample this run: its peak, 120 ms
+    assert loop_lag_ms(before, after, LAG) == {"p50": 0.505, "p99": 1.0, "max": 120.0}
+    reset = _lag_scrape(195, 10, 0.004)  # five slow samples, but the gauge saw only a 4 ms lag
+    assert loop_lag_ms(before, reset, LAG) == {"p50": 0.526, "p99": 220.0, "max": None}
+    assert loop_lag_ms(before, before, LAG) == {"p50": None, "p99": None, "max": 200.0}
 
 
 def test_proc_cpu_seconds_reads_utime_and_stime_after_the_command_name() -> None:
