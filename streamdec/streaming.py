@@ -290,7 +290,8 @@ class StreamDecoder:
         """Decode whole clips through the engine, tiled: ``[T, D] -> [C, T*hop]``, ``[B, T, D] -> [B, C, T*hop]``.
 
         Memory beyond the output stays bounded for any length: at most ``max_in_flight`` windows are
-        decoded at once.
+        decoded at once. Audio that overflowed inside the codec raises
+        :class:`~streamdec.errors.NonFiniteOutputError` unless the decoder allows non-finite values.
         """
         batched = isinstance(latents, torch.Tensor | np.ndarray) and len(latents.shape) == 3
         clips = list(latents) if batched else [latents]
@@ -310,6 +311,13 @@ class StreamDecoder:
                 out[row, :, es * hop : ee * hop] = await self.engine.decode_window(request)
 
         await asyncio.gather(*(one(r, *w) for r in range(len(rows)) for w in windows))
+        if not self.allow_non_finite and not all_finite(out.numpy()):
+            # as a stream's tiles are checked: finite latents can still overflow inside the codec
+            bad = next(r for r in range(len(rows)) if not all_finite(out[r].numpy()))
+            raise NonFiniteOutputError(
+                f"decoded audio of clip {bad} holds NaN or Inf although the latents were finite: they "
+                "overflow inside the codec; rescale the latents to the codec's range"
+            )
         return out if batched else out[0]
 
 

@@ -77,7 +77,8 @@ def test_meta_device_chunk_is_an_input_error(codec: streamdec.Codec) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_finite_latents_that_overflow_give_a_typed_error(codec: streamdec.Codec, mode: str) -> None:
-    """Latents of +-3e38 are finite but overflow inside the codec: NonFiniteOutputError, not NaN audio."""
+    """Latents of +-3e38 are finite but overflow inside the codec: NonFiniteOutputError, not NaN audio,
+    from a stream and from a whole-clip decode alike."""
     huge = torch.full((30, 64), 3e38)
     huge[::2] *= -1
 
@@ -87,5 +88,7 @@ def test_finite_latents_that_overflow_give_a_typed_error(codec: streamdec.Codec,
                 async for _ in dec.decode_tiles([huge]):
                     pass
             assert dec.stats.open_streams == 0
+            with pytest.raises(NonFiniteOutputError, match="clip 1 holds NaN or Inf"):  # whole clips too
+                await dec.decode(torch.stack([torch.zeros(30, 64), huge]))
 
     asyncio.run(run())
