@@ -44,13 +44,19 @@ def _shapes() -> list[tuple[int, int, int]]:
 
 
 def test_kernel_equals_reference_poisoned_output() -> None:
-    """Many batches, channel counts and lengths; the output buffer starts as NaN and must be overwritten."""
+    """Many batches, channel counts and lengths; the output buffer starts as NaN and must be overwritten.
+
+    The kernel and the reference sum the same taps in different orders, each rounding in float32, so they
+    may differ by a few ulps of the output: within 1e-5, or 4 ulps where that is more. Inputs scaled by
+    9.5 give outputs up to about 44, where an ulp is 3.8e-6 and 1e-5 only 2.6 of them. Seeded, so a
+    failure can be reproduced."""
     from streamdec.kernels import _triton_alias_free as tk
 
+    gen = torch.Generator(device="cuda").manual_seed(2026)
     worst = 0.0
     for i, (batch, channels, length) in enumerate(_shapes()):
         act = random_activation(channels, i, "cuda")
-        x = torch.randn(batch, channels, length, device="cuda") * (0.5 + 3.0 * (i % 4))
+        x = torch.randn(batch, channels, length, device="cuda", generator=gen) * (0.5 + 3.0 * (i % 4))
         want = _reference(act, x)
         flat = x.view(batch * channels, length)
         out = torch.full_like(flat, float("nan"))
@@ -58,10 +64,18 @@ def test_kernel_equals_reference_poisoned_output() -> None:
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), (batch, channels, length)
         diff = (out.view_as(x) - want).abs()
-        err = diff.max().item()
-        at = want.flatten()[diff.argmax()].item()  # the output where the error is largest: its ulp sets it
-        assert err <= 1e-5, (batch, channels, length, err, at, want.abs().max().item())
-        worst = max(worst, err)
+        size = want.abs()
+        ulp = torch.nextafter(size, torch.full_like(size, float("inf"))) - size
+        over = diff - torch.clamp(4 * ulp, min=1e-5)
+        at = int(over.argmax())
+        assert over.flatten()[at] <= 0, (
+            batch,
+            channels,
+            length,
+            diff.flatten()[at].item(),
+            want.flatten()[at].item(),
+        )
+        worst = max(worst, diff.max().item())
     print(f"worst max abs error {worst:.3g}")
 
 
