@@ -174,10 +174,13 @@ def test_a_server_restart_shows_a_reconnect(tab: Page) -> None:
     with serving() as served:
         page = _open(tab, served)
         served.stop()
+        # state and text in one look: read apart, the next attempt's timer may fire between the two reads
+        # and the status say "connecting..." by the second
         page.wait_for_function(
-            "window.streamdecPlayer.connection().state === 'reconnecting'", timeout=WAIT_MS
+            "window.streamdecPlayer.connection().state === 'reconnecting' && "
+            "document.querySelector('#status').textContent.includes('reconnecting')",
+            timeout=WAIT_MS,
         )
-        assert "reconnecting" in page.text_content("#status")
         served.start()
         page.wait_for_function(
             "window.streamdecPlayer.connection().state === 'connected' && "
