@@ -303,7 +303,11 @@ def histogram_delta_quantile(
 ) -> float | None:
     """The ``q`` quantile (0..1) of a histogram's observations between two scrapes, linear within its
     bucket (as PromQL's ``histogram_quantile``); None without observations in between."""
-    buckets = _delta_buckets(before, after, name)
+    return _bucket_quantile(_delta_buckets(before, after, name), q)
+
+
+def _bucket_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """:func:`histogram_delta_quantile` of buckets :func:`_delta_buckets` parsed already."""
     total = buckets[-1][1] if buckets else 0.0
     if total <= 0:
         return None
@@ -335,7 +339,7 @@ def loop_lag_ms(
         peak = None
     figures: dict[str, float | None] = {}
     for label, q in (("p50", 0.5), ("p99", 0.99)):
-        value = histogram_delta_quantile(before, after, name, q)
+        value = _bucket_quantile(buckets, q)
         if value is not None and peak is not None:
             # Linear interpolation inside a bucket can land above every lag observed (p99 206 ms from
             # the 100-250 ms bucket of a run whose largest lag was 146 ms); no quantile exceeds the max.
