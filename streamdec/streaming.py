@@ -314,11 +314,17 @@ class StreamDecoder:
         if not self.allow_non_finite and not all_finite(out.numpy()):
             # as a stream's tiles are checked: finite latents can still overflow inside the codec
             bad = next(r for r in range(len(rows)) if not all_finite(out[r].numpy()))
-            raise NonFiniteOutputError(
-                f"decoded audio of clip {bad} holds NaN or Inf although the latents were finite: they "
-                "overflow inside the codec; rescale the latents to the codec's range"
-            )
+            raise _overflow_error(f"clip {bad}")
         return out if batched else out[0]
+
+
+def _overflow_error(what: str) -> NonFiniteOutputError:
+    """The error for decoded audio of ``what`` (its frames, its clip) that holds NaN or Inf although the
+    latents were finite: they overflowed inside the codec."""
+    return NonFiniteOutputError(
+        f"decoded audio of {what} holds NaN or Inf although the latents were finite: they overflow inside "
+        "the codec; rescale the latents to the codec's range"
+    )
 
 
 class _StreamCore:
@@ -394,10 +400,7 @@ class _StreamCore:
             if isinstance(job, Job)
             else (job.emit_start, job.emit_end)
         )
-        raise NonFiniteOutputError(
-            f"decoded audio of frames {start}..{end} holds NaN or Inf although the latents "
-            "were finite: they overflow inside the codec; rescale the latents to the codec's range"
-        )
+        raise _overflow_error(f"frames {start}..{end}")
 
     def _complete(self, job: Job | StepJob, audio: torch.Tensor) -> Tile:
         if isinstance(self.session, StatefulSession):
