@@ -1,0 +1,189 @@
+"""Every float16 split convolution of a stateful step, at its default launch and at each alternative (a CUDA GPU).
+
+The launch rules in :mod:`streamdec.kernels.f16_launch` were swept on whole-clip decodes (16 x 70, 1 x 70);
+a stateful step hands the convolution other shapes: hundreds of short rows, packed. This script runs one
+eager step of each ``--buckets`` bucket (streams x frames, live rows anywhere in the pool) and records
+every top-level call of the convolution kernel with its operands already split, grouped by shape
+(``count`` calls of the step have that shape). Each distinct call is then timed at the default launch
+and at every ``--tiles`` x packing x split-K choice the call can take: the call captured five times in
+one CUDA graph, replays timed with CUDA events after a warm-up, median of ``--reps``
+(:func:`streamdec.bench.stats.graph_ms`). Every alternative must give the default's bits
+(``bits_equal``). Per bucket it sums the step's convolution time at the default launches and at the
+best launch of each call, so the gain a better planner could make shows::
+
+    python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_step import parse_bucket
+
+from streamdec.bench.meta import ResultFile, script_header
+from streamdec.bench.stats import graph_ms
+from streamdec.codecs import load_codec
+from streamdec.codecs.stateful import StatefulNet
+from streamdec.engine.slots import StatePool
+from streamdec.kernels import _triton_conv_f16 as t16
+from streamdec.kernels import f16_launch
+from streamdec.kernels._triton_conv import launch_sms
+from streamdec.kernels.f16_launch import Tiles
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def record_calls(step: Callable[[], Any]) -> list[tuple[Call, int]]:
+    """The convolution calls one run of ``step`` makes (operands cloned), one per distinct shape, with counts.
+    A transposed layer's call (``phases`` > 1) is recorded once, not again for the plain call it makes."""
+    original = t16.conv1d_f16x3
+    found: dict[tuple[Any, ...], list[Any]] = {}
+    depth = 0
+
+    def spy(*args: Any, **kwargs: Any) -> Tensor:
+        nonlocal depth
+        if depth == 0:
+            key = tuple(
+                (tuple(a.shape), a.dtype) if isinstance(a, Tensor) else a for a in args
+            ) + tuple(sorted((k, (tuple(v.shape), v.dtype) if isinstance(v, Tensor) else v)
+                             for k, v in kwargs.items()))  # fmt: skip
+            if key in found:
+                found[key][1] += 1
+            else:
+                clone = tuple(a.clone() if isinstance(a, Tensor) else a for a in args)
+                kw = {k: v.clone() if isinstance(v, Tensor) else v for k, v in kwargs.items()}
+                found[key] = [(clone, kw), 1]
+        depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth -= 1
+
+    t16.conv1d_f16x3 = spy
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        t16.conv1d_f16x3 = original
+    return [(call, count) for call, count in found.values()]
+
+
+def describe(call: Call) -> dict[str, Any]:
+    args, kwargs = call
+    x_hi, w_hi, dilation = args[0], args[3], args[7]
+    batch, tin, cp = x_hi.shape
+    ksize, cout, _ = w_hi.shape
+    tout = tin - (ksize - 1) * dilation
+    launch = f16_launch.plan(
+        batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=launch_sms(x_hi.device)
+    )
+    return {
+        "x": [batch, tin, cp], "w": [ksize, cout, cp], "dil": dilation, "tout": tout,
+        "phases": kwargs.get("phases", 1), "residual": kwargs.get("residual") is not None,
+        "default": launch._asdict(),
+    }  # fmt: skip
+
+
+def measure(call: Call, tiles: list[Tiles], reps: int) -> dict[str, Any]:
+    args, kwargs = call
+
+    def run(**launch: Any) -> Tensor:
+        return t16.conv1d_f16x3(*args, **kwargs, **launch)
+
+    default = run()
+    row = describe(call)
+    row["ms"] = graph_ms(run, reps=reps)
+    variants = []
+    for tile in tiles:
+        for pack in (True, False):
+            for split in (False, True):
+                launch = {"tiles": tile, "pack": pack, "split": split}
+                try:
+                    y = run(**launch)
+                except Exception as e:  # a launch this call cannot take (shared memory, registers)
+                    variants.append(
+                        {"tiles": list(tile), "pack": pack, "split": split, "error": repr(e)[:160]}
+                    )
+                    continue
+                variants.append({
+                    "tiles": list(tile), "pack": pack, "split": split, "bits_equal": bool(torch.equal(y, default)),
+                    "ms": graph_ms(lambda launch=launch: run(**launch), reps=reps),
+                })  # fmt: skip
+    row["variants"] = variants
+    timed = [v for v in variants if "ms" in v]
+    row["best"] = min(timed, key=lambda v: v["ms"]) if timed else None
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--codec", default="auk-24k")
+    ap.add_argument("--buckets", nargs="+", default=["256x4"], help="streams x frames")
+    ap.add_argument(
+        "--tiles", nargs="*",
+        default=["128,128,8,3", "128,64,8,3", "64,128,4,3", "64,128,4,4", "64,64,4,3", "64,64,4,5", "64,32,4,4"],
+        help="launch shapes to time besides the default: block_m,block_n,warps,stages",
+    )  # fmt: skip
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--out", default="step-convs.json")
+    args = ap.parse_args()
+
+    codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
+    precision = codec.use_auto_precision()
+    header = script_header(codec=args.codec, precision=precision, commit=args.commit, timing="cuda graphs")
+    out = ResultFile(args.out, {**header, "args": vars(args), "buckets": []})
+    tiles = [Tiles(*map(int, spec.split(","))) for spec in args.tiles]
+    buckets = [parse_bucket(b) for b in args.buckets]
+    net = StatefulNet(codec)
+    slots = max(b for b, _ in buckets)
+    cuda = torch.device("cuda")
+    pool = StatePool(net, slots, device=cuda, dtype=torch.float32)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.inference_mode(), codec.numerics():
+        pool.prime(
+            torch.arange(slots, device="cuda"),
+            torch.randn(slots, net.min_prime_frames + 4, codec.latent_dim, device="cuda", generator=gen),
+        )
+        for batch, frames in buckets:
+            index = torch.randperm(slots, device="cuda", generator=gen)[:batch]
+            z = torch.randn(batch, frames, codec.latent_dim, device="cuda", generator=gen)
+            calls = record_calls(functools.partial(pool.step, index, z))
+            rows = []
+            for call, count in calls:
+                row = {"count": count, **measure(call, tiles, args.reps)}
+                rows.append(row)
+                best = row["best"]
+                print(
+                    f"{batch}x{frames} x{row['x']} w{row['w']} d={row['dil']} p={row['phases']} n={count} "
+                    f"default {row['ms']:.4f} ms ({row['default']['block_m']}x{row['default']['block_n']}"
+                    f" rows={row['default']['rows']} split={row['default']['split']}) best "
+                    f"{best and round(best['ms'], 4)} {best and (best['tiles'], best['pack'], best['split'])} "
+                    f"bits_equal={all(v.get('bits_equal', True) for v in row['variants'])}",
+                    flush=True,
+                )
+                torch.cuda.empty_cache()
+            default_ms = sum(r["ms"] * r["count"] for r in rows)
+            best_ms = sum(min(r["ms"], r["best"]["ms"] if r["best"] else r["ms"]) * r["count"] for r in rows)
+            out.result["buckets"].append({
+                "bucket": f"{batch}x{frames}", "calls": sum(r["count"] for r in rows), "distinct": len(rows),
+                "default_ms": default_ms, "best_per_call_ms": best_ms, "layers": rows,
+            })  # fmt: skip
+            out.save()
+            print(f"{batch}x{frames}: convolutions {default_ms:.2f} ms at the default launches, "
+                  f"{best_ms:.2f} at each call's best", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
