@@ -18,7 +18,9 @@ at batch 1, ``bench/results/h200/conv-launches-16x70.json`` at batch 16), each c
 - rows shorter than the tile (a stateful step's 20-80 samples per stream) are packed: a program covers
   8 samples of each of ``block_n // 8`` rows, so the weight tile it loads serves a full tile of outputs
   and a row wastes at most 7 samples instead of up to three quarters of a tile. Packing is used where it
-  still leaves a program for every multiprocessor (large batches); it changes no result bit.
+  still leaves a program for every multiprocessor (large batches); it changes no result bit. Packed large
+  tiles whose last wave would run mostly empty (auk-24k's 768-channel stage at 256 streams: 288 programs,
+  2.2 waves) give way to small ones, two to a multiprocessor (``bench/results/h200/step-convs.json``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
 SHARED_PER_PAIR = 112 * 1024  # shared memory one of two programs on a Hopper multiprocessor may take
 SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fraction more
+PACK_LARGE_FILL = 0.8  # packed large tiles need their waves this full on average, else small tiles
 _MIN_BLOCK_N = 32  # samples: the smallest output tile along time
 PACK_ROW_N = 8  # samples of each packed row per program: one 128-byte swizzle atom of the input box
 
@@ -115,8 +118,12 @@ def packed_tiles(batch: int, cout: int, tout: int, sms: int, bk: int = 64) -> Ti
         if tout >= tile.block_n:
             continue
         rows = min(tile.block_n // PACK_ROW_N, pow2_block(batch, 1, tile.block_n))
-        if _cdiv(batch, rows) * _cdiv(tout, PACK_ROW_N) * _cdiv(cout, tile.block_m) >= sms:
-            return tile
+        programs = _cdiv(batch, rows) * _cdiv(tout, PACK_ROW_N) * _cdiv(cout, tile.block_m)
+        if programs < sms:
+            continue
+        if tile == LARGE and _wave_fill(programs, sms) < PACK_LARGE_FILL:
+            continue  # one program a multiprocessor and a mostly empty last wave: small tiles fill it
+        return tile
     return None
 
 
