@@ -1,7 +1,9 @@
 """Where a stateful step's device time goes, fused against per-layer, beside a whole-clip decode.
 
 For each step bucket (streams x frames) and each way of running a step (``fused``: one gather of every
-layer's state, residual adds in the conv epilogue, activation row peaks handed over; ``per-layer``:
+layer's state, residual adds in the conv epilogue, which reads a delay line's history and new samples
+where they lie, activation row peaks handed over; ``fused-joined``: the same with each delay line's
+output concatenated first, as steps were run before the epilogue read the two parts; ``per-layer``:
 ``StatePool(fused=False)``, a gather and a scatter per layer and nothing handed over), it prints the
 eager step's kernel launches and kernel time under torch.profiler, and the captured graph's replay time
 (CUDA events: a warm-up, then the median of ``--repeats`` runs of ``--replays`` replays) and its graph
@@ -15,19 +17,32 @@ kernels of the first bucket, both ways, and of a whole-clip decode of as many fr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from bench_step import parse_bucket, time_graph
 from torch.profiler import DeviceType, ProfilerActivity, profile
 
-from streamdec.codecs import load_codec
+from streamdec.codecs import load_codec, stateful
 from streamdec.codecs.stateful import StatefulNet
 from streamdec.engine.slots import StatePool
 
-_WAYS = {"fused": True, "per-layer": False}
+_WAYS = {"fused": True, "fused-joined": True, "per-layer": False}
+
+
+@contextlib.contextmanager
+def _way(name: str) -> Iterator[None]:
+    """Within it, ``fused-joined`` steps concatenate each residual's delayed identity before the add."""
+    original = stateful._identity_parts
+    if name == "fused-joined":
+        stateful._identity_parts = lambda identity, x, states: (None, identity.step(x, states))
+    try:
+        yield
+    finally:
+        stateful._identity_parts = original
 
 
 def _top(prof: profile, rows: int) -> str:
@@ -93,19 +108,22 @@ def main() -> None:
             z = torch.randn(batch, frames, codec.latent_dim, device="cuda", generator=gen)
             outs = {}
             for way, pool in pools.items():
-                pool.prime(every, prime)
-                outs[way] = (pool.step(index, z)[live], pool.flat[:slots].clone())  # the scratch row: any
-                pool.step(index, z)  # warm-up (Triton compiles, allocator)
-                step = functools.partial(pool.step, index, z)
-                prof, kernel_ms, launches = _profiled(step)
-                tops.setdefault(way, prof)
-                replay_ms, gib = _graph_row(step, args.replays, args.repeats)
+                with _way(way):
+                    pool.prime(every, prime)
+                    outs[way] = (pool.step(index, z)[live], pool.flat[:slots].clone())  # scratch row: any
+                    pool.step(index, z)  # warm-up (Triton compiles, allocator)
+                    step = functools.partial(pool.step, index, z)
+                    prof, kernel_ms, launches = _profiled(step)
+                    tops.setdefault(way, prof)
+                    replay_ms, gib = _graph_row(step, args.replays, args.repeats)
                 bucket = f"{batch}x{frames}"
                 print(
                     f"{bucket:>8} {way:>10} {launches:>9} {kernel_ms:>10.2f} {replay_ms:>10.2f} {gib:>10.2f}"
                 )
-            (fa, fs), (pa, ps) = outs["fused"], outs["per-layer"]
-            print(f"{'':>8} same bits, audio: {torch.equal(fa, pa)}, new state: {torch.equal(fs, ps)}")
+            (fa, fs) = outs["fused"]
+            same_audio = all(torch.equal(fa, a) for a, _ in outs.values())
+            same_state = all(torch.equal(fs, s) for _, s in outs.values())
+            print(f"{'':>8} same bits, every way: audio {same_audio}, new state {same_state}")
         whole = torch.randn(max(1, args.batch * args.frames // 64), 64, codec.latent_dim, device="cuda")
         codec.decode(whole)
         whole_prof, whole_ms, whole_launches = _profiled(lambda: codec.decode(whole))

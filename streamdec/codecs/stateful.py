@@ -47,6 +47,7 @@ from streamdec.codecs.layers import (
     PaddedConvTranspose1d,
     Pointwise,
     SnakeBeta,
+    joined_residual,
 )
 from streamdec.errors import CodecError
 from streamdec.kernels.sizing import activation_packs_rows
@@ -309,15 +310,21 @@ class Conv(Stateful):
     # Steps hand the kept history to the convolution as a separate head: the float16 kernel's input split
     # reads history and new samples in place, so no concatenated buffer is written and read back.
     def step(
-        self, x: Tensor, states: StateIO, peak: Tensor | None = None, residual: Tensor | None = None
+        self,
+        x: Tensor,
+        states: StateIO,
+        peak: Tensor | None = None,
+        residual: Tensor | None = None,
+        residual_head: Tensor | None = None,
     ) -> Tensor:
-        """``conv(cat(state, x))``, plus ``residual`` (a residual unit's delayed identity, added in the
-        float16 kernel's epilogue); ``peak``: the row peaks of ``cat(state, x)``, if the activation
-        before handed them over (:meth:`Leaf.step_before`)."""
+        """``conv(cat(state, x))``, plus ``cat(residual_head, residual)`` (a residual unit's delayed
+        identity, added in the float16 kernel's epilogue, which reads the delay line's history and new
+        samples where they lie); ``peak``: the row peaks of ``cat(state, x)``, if the activation before
+        handed them over (:meth:`Leaf.step_before`)."""
         if self.state_len == 0:
-            return self.conv.convolve(x, (0, 0), None, residual, peak)
+            return self.conv.convolve(x, (0, 0), None, residual, peak, residual_head)
         head = states.get(self.index)
-        out = self.conv.convolve(x, (0, 0), head, residual, peak)
+        out = self.conv.convolve(x, (0, 0), head, residual, peak, residual_head)
         self._keep_after(head, x, states)
         return out
 
@@ -386,12 +393,23 @@ class Delay(Stateful):
         return x[..., : x.shape[-1] - self.state_len]
 
     def step(self, x: Tensor, states: StateIO) -> Tensor:
+        head, tail = self.step_parts(x, states)
+        if head is None:
+            assert tail is not None  # one part at least
+            return tail
+        return head if tail is None else torch.cat([head, tail], -1)
+
+    def step_parts(self, x: Tensor, states: StateIO) -> tuple[Tensor | None, Tensor | None]:
+        """:meth:`step`'s output in two parts, oldest first, neither copied: the kept history's part (a view
+        of the state; None without a state) and the new samples' part (a view of ``x``; None when the
+        history covers the step). A convolution's epilogue adds them where they lie."""
         if self.state_len == 0:
-            return x
+            return None, x
         head, n = states.get(self.index), x.shape[-1]
-        out = head[..., :n] if n <= self.state_len else torch.cat([head, x[..., : n - self.state_len]], -1)
         self._keep_after(head, x, states)
-        return out
+        if n <= self.state_len:
+            return head[..., :n], None
+        return head, x[..., : n - self.state_len]
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
         return self._buffer(x, states)
@@ -425,21 +443,31 @@ class Seq(Node):
             x = node.prime(x, states)
         return x
 
-    def step(self, x: Tensor, states: StateIO, residual: Tensor | None = None) -> Tensor:
-        """The nodes in order, plus ``residual`` at the end: in the last node's epilogue if it is a
-        convolution. Where ``states.fuse``, an activation hands its row peaks to the convolution after it."""
+    def step(
+        self,
+        x: Tensor,
+        states: StateIO,
+        residual: Tensor | None = None,
+        residual_head: Tensor | None = None,
+    ) -> Tensor:
+        """The nodes in order, plus ``cat(residual_head, residual)`` at the end: in the last node's
+        epilogue if it is a convolution. Where ``states.fuse``, an activation hands its row peaks to the
+        convolution after it."""
         peak, last = None, len(self.nodes) - 1
+        ends_in_conv = bool(self.nodes) and isinstance(self.nodes[-1], Conv)
+        if residual_head is not None and not ends_in_conv:
+            residual, residual_head = joined_residual(residual_head, residual), None
         for i, node in enumerate(self.nodes):
             after = self.nodes[i + 1] if i < last else None
             if isinstance(node, Conv):
-                x = node.step(x, states, peak, residual if i == last else None)
+                x = node.step(x, states, peak, *((residual, residual_head) if i == last else (None, None)))
             elif states.fuse and isinstance(node, Leaf) and isinstance(after, Conv):
                 x, peak = node.step_before(x, states, after)
                 continue
             else:
                 x = node.step(x, states)
             peak = None
-        if residual is not None and not (self.nodes and isinstance(self.nodes[-1], Conv)):
+        if residual is not None and not ends_in_conv:
             x = residual + x
         return x
 
@@ -501,8 +529,21 @@ class Residual(_Parallel):
         alike, so either family order gives the same bits), and no separate pass over the output."""
         branch, identity = self.branches
         if states.fuse and isinstance(branch, Seq) and branch.nodes and isinstance(branch.nodes[-1], Conv):
-            return branch.step(x, states, residual=identity.step(x, states))
+            kept, new = _identity_parts(identity, x, states)
+            return branch.step(x, states, residual=new, residual_head=kept)
         return super().step(x, states)
+
+
+def _identity_parts(identity: Node, x: Tensor, states: StateIO) -> tuple[Tensor | None, Tensor | None]:
+    """A residual unit's identity path stepped on ``x``, as :meth:`Delay.step_parts` gives a delay line's
+    output (history part, new part): no concatenation where the path ends in a delay line."""
+    delay = identity.nodes[-1] if isinstance(identity, Seq) and identity.nodes else None
+    if not isinstance(delay, Delay):
+        return None, identity.step(x, states)
+    assert isinstance(identity, Seq)
+    for node in identity.nodes[:-1]:
+        x = node.step(x, states)
+    return delay.step_parts(x, states)
 
 
 class Mean(_Parallel):

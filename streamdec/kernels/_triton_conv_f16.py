@@ -39,11 +39,14 @@ from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.f16_launch import Tiles, plan
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
+# A residual in two parts (see :func:`_residual_tile`): its strides and the first part's length, runtime values.
+_RESIDUAL_SIZES = ["RES_ROW", "RES_CHAN", "RES_LEN", "TAIL_ROW", "TAIL_CHAN"]
+
 # Triton compiles one binary per distinct constexpr set and per integer argument's "is 1 / divisible by 16"
 # class: sizes that vary layer by layer stay runtime values (with KSIZE a constexpr and every integer
 # specialised, auk-24k's 1 x 70 and 16 x 70 buckets needed 74 binaries, about a minute of cold start).
 # Only CP stays specialised: it is always a multiple of F16_CHANNEL_QUANTUM, so it costs no extra binary.
-_RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK"]
+_RUNTIME_SIZES = ["B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK", *_RESIDUAL_SIZES]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)
@@ -55,7 +58,8 @@ def _conv1d_f16x3_kernel(
     x_inv_ptr,  # [B] float32: 2**-kx
     w_inv_ptr,  # [COUT] float32: 2**-kw
     bias_ptr,  # [COUT] (read only when HAS_BIAS)
-    res_ptr,  # [B, COUT, TOUT] added to y (read only when HAS_RES)
+    res_ptr,  # [B, COUT, TOUT] added to y (read only when HAS_RES); with RES_PARTS its first part
+    tail_ptr,  # with RES_PARTS: the residual's second part (below)
     out_ptr,  # SPLIT: [NCHUNK, B, COUT, TOUT] chunk sums; else y [B, COUT, TOUT]
     B,
     CP,
@@ -66,7 +70,13 @@ def _conv1d_f16x3_kernel(
     CHUNK,  # steps per chunk
     NCHUNK,
     KSIZE,
+    RES_ROW,  # with RES_PARTS: the first part's batch and channel strides, its length, the second's strides
+    RES_CHAN,
+    RES_LEN,
+    TAIL_ROW,
+    TAIL_CHAN,
     HAS_RES: tl.constexpr,  # a constexpr: as a runtime branch the epilogue would run out of registers
+    RES_PARTS: tl.constexpr,  # the residual lies in two strided parts, not in y's layout
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -122,8 +132,11 @@ def _conv1d_f16x3_kernel(
         mask = (offs_m < COUT)[:, None] & (n0 + cols < TOUT)[None, :]
         local = tl.arange(0, BLOCK_M)[:, None] * TOUT + cols[None, :]
         x_inv = tl.load(x_inv_ptr + batch)
+        later = 0  # each column's batch row after the tile's first
+        offs_n = n0 + cols
     else:
-        rows = batch + cols // ROW_N  # each column's batch row
+        later = cols // ROW_N
+        rows = batch + later  # each column's batch row
         offs_n = n0 + cols % ROW_N
         mask = (offs_m < COUT)[:, None] & ((offs_n < TOUT) & (rows < B))[None, :]
         local = (
@@ -137,7 +150,13 @@ def _conv1d_f16x3_kernel(
         y = _unscale(total, x_inv, w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS)
         corner = (batch.to(tl.int64) * COUT + m0) * TOUT + n0
         if HAS_RES:
-            y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
+            if RES_PARTS:
+                y += _residual_tile(
+                    res_ptr, tail_ptr, batch, later, offs_m, offs_n, mask, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW,
+                    TAIL_CHAN,
+                )  # fmt: skip
+            else:
+                y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
         tl.store(out_ptr + corner + local, y, mask=mask)
 
 
@@ -157,6 +176,36 @@ def _input_box(desc, batch, TIN, start, c0, BLOCK_N: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
+def _residual_tile(
+    res_ptr, tail_ptr, batch, later, offs_m, offs_n, mask, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN
+):
+    """The residual at channels ``offs_m`` and samples ``offs_n`` of rows ``batch + later`` (``later``: 0,
+    or each column's row after ``batch``), where it lies in two parts: samples ``t < RES_LEN`` at
+    ``res[b, o, t]``, the rest at ``tail[b, o, t - RES_LEN]``, each with its own batch and channel strides
+    and contiguous samples (a delay line's kept history and the new samples it passes on, read where they
+    are instead of concatenated). Each element is loaded from one part only and taken as it is, so the
+    add that follows gives the bits of ``cat(res, tail)`` added as one tensor."""
+    first = (offs_n < RES_LEN)[None, :]
+    head = tl.load(
+        res_ptr
+        + batch.to(tl.int64) * RES_ROW
+        + (later * RES_ROW + offs_n)[None, :]
+        + offs_m[:, None] * RES_CHAN,
+        mask=mask & first,
+        other=0.0,
+    )
+    tail = tl.load(
+        tail_ptr
+        + batch.to(tl.int64) * TAIL_ROW
+        + (later * TAIL_ROW + offs_n - RES_LEN)[None, :]
+        + offs_m[:, None] * TAIL_CHAN,
+        mask=mask & ~first,
+        other=0.0,
+    )
+    return tl.where(first, head, tail)
+
+
+@triton.jit
 def _unscale(total, x_inv, w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS: tl.constexpr):
     """The scales back out (exact: powers of two), then the bias. A residual, if any, is added after,
     rounded as ``residual + conv(x)`` would be: a separate float32 add. ``x_inv`` is the input's scale:
@@ -168,19 +217,26 @@ def _unscale(total, x_inv, w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS: tl.const
     return y
 
 
-@triton.jit(do_not_specialize=["PLANE", "COUT", "TOUT", "NCHUNK"])
+@triton.jit(do_not_specialize=["PLANE", "COUT", "TOUT", "NCHUNK", *_RESIDUAL_SIZES])
 def _chunk_sum_kernel(
     part_ptr,  # [NCHUNK, B, COUT, TOUT] float32
     x_inv_ptr,
     w_inv_ptr,
     bias_ptr,
     res_ptr,
+    tail_ptr,
     y_ptr,  # [B, COUT, TOUT]
     PLANE,  # B * COUT * TOUT: one chunk's sums
     COUT,
     TOUT,
     NCHUNK,
+    RES_ROW,
+    RES_CHAN,
+    RES_LEN,
+    TAIL_ROW,
+    TAIL_CHAN,
     HAS_RES: tl.constexpr,
+    RES_PARTS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -200,7 +256,23 @@ def _chunk_sum_kernel(
         parts += PLANE  # 64-bit pointer steps: no index overflow
     y = _unscale(total, tl.load(x_inv_ptr + batch), w_inv_ptr, bias_ptr, offs_m, COUT, HAS_BIAS)
     if HAS_RES:
-        y += tl.load(res_ptr + offs, mask=mask, other=0.0)
+        if RES_PARTS:
+            y += _residual_tile(
+                res_ptr,
+                tail_ptr,
+                batch,
+                0,
+                offs_m,
+                offs_n,
+                mask,
+                RES_ROW,
+                RES_CHAN,
+                RES_LEN,
+                TAIL_ROW,
+                TAIL_CHAN,
+            )
+        else:
+            y += tl.load(res_ptr + offs, mask=mask, other=0.0)
     tl.store(y_ptr + offs, y, mask=mask)
 
 
@@ -372,12 +444,18 @@ def conv1d_f16x3(
     phases: int = 1,
     pack: bool | None = None,
     products: int = 3,
+    residual_head: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
     given. With ``phases`` = s > 1 the output channels are s phase groups of ``COUT // s``, interleaved in
     time (a transposed convolution run as s ordinary ones): ``y`` is [B, COUT // s, TOUT * s], channel
     ``p * (COUT // s) + c`` at ``y[:, c, p::s]``, and ``residual`` has that shape.
+
+    ``residual_head`` ([B, COUT, H], H <= TOUT), if given, comes before ``residual`` in time: the residual
+    added is ``cat(residual_head, residual)`` (``residual`` [B, COUT, TOUT - H], None where H = TOUT),
+    which the epilogue reads where each part lies (rows and channels at any stride, samples contiguous):
+    a delay line's kept history and the new samples it passes on, never concatenated.
 
     ``tiles``, ``split`` and ``pack`` (short rows packed, default
     :data:`streamdec.kernels.sizing.PACK_SHORT_ROWS`) override the launch
@@ -392,6 +470,10 @@ def conv1d_f16x3(
     batch, tin, cp = x_hi.shape
     ksize, cout, _ = w_hi.shape
     tout = tin - (ksize - 1) * dilation
+    if residual_head is not None:
+        _check_parts(residual_head, residual, (batch, cout // phases, max(tout, 0) * phases))
+        if phases > 1:  # added after the interleave, as one tensor
+            residual, residual_head = _joined(residual_head, residual), None
     if phases > 1:
         if cout % phases or cout * max(tout, 0) >= 2**31:
             raise ShapeError(
@@ -411,6 +493,8 @@ def conv1d_f16x3(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split,
         pack=pack if pack is not None else sizing.PACK_SHORT_ROWS,
     )  # fmt: skip
+    if residual_head is not None and not _parts_addressable(residual_head, residual, cout, launch.rows):
+        residual, residual_head = _joined(residual_head, residual), None
     w_box = [launch.block_m, launch.block_k]
     if launch.rows > 1:  # short rows packed: 3-D boxes, each row zero-filled past its own end
         x_box = [launch.rows, launch.block_n // launch.rows, launch.block_k]
@@ -420,7 +504,7 @@ def conv1d_f16x3(
         x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo)]
     w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo)]
     bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
-    res_arg = residual.contiguous() if residual is not None else y  # never read without HAS_RES
+    res_arg, tail_arg, res_sizes = _residual_args(residual_head, residual, y)
     out = (
         torch.empty(launch.chunks, batch, cout, tout, device=y.device, dtype=torch.float32)
         if launch.split
@@ -433,6 +517,7 @@ def conv1d_f16x3(
         w_inv,
         bias_arg,
         res_arg,
+        tail_arg,
         out,
         batch,
         cp,
@@ -443,7 +528,9 @@ def conv1d_f16x3(
         launch.chunk_steps,
         launch.chunks,
         ksize,
-        HAS_RES=residual is not None,
+        *res_sizes,
+        HAS_RES=residual is not None or residual_head is not None,
+        RES_PARTS=residual_head is not None,
         HAS_BIAS=bias is not None,
         SPLIT=launch.split,
         BLOCK_M=launch.block_m,
@@ -456,10 +543,54 @@ def conv1d_f16x3(
     )
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
-            out, x_inv, w_inv, bias_arg, res_arg, y, batch * cout * tout, cout, tout, launch.chunks,
-            HAS_RES=residual is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
+            out, x_inv, w_inv, bias_arg, res_arg, tail_arg, y, batch * cout * tout, cout, tout, launch.chunks,
+            *res_sizes, HAS_RES=residual is not None or residual_head is not None,
+            RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y
+
+
+def _check_parts(head: torch.Tensor, tail: torch.Tensor | None, shape: tuple[int, int, int]) -> None:
+    kept = head.shape[-1]
+    tail_shape = (*shape[:2], shape[2] - kept)
+    if (
+        head.dim() != 3
+        or head.shape[:2] != shape[:2]
+        or kept > shape[2]
+        or (tuple(tail.shape) != tail_shape if tail is not None else kept != shape[2])
+    ):
+        raise ShapeError(
+            f"a residual in two parts, {tuple(head.shape)} then "
+            f"{None if tail is None else tuple(tail.shape)}, for an output of {shape}"
+        )
+
+
+def _joined(head: torch.Tensor, tail: torch.Tensor | None) -> torch.Tensor:
+    return head if tail is None else torch.cat([head, tail], dim=-1)
+
+
+def _parts_addressable(head: torch.Tensor, tail: torch.Tensor | None, cout: int, rows: int) -> bool:
+    """Whether the epilogue can read a residual in two parts: contiguous samples, and every offset from a
+    tile's first row (``rows`` rows a program) within 32 bits."""
+    for part in (head, tail):
+        if part is None or part.numel() == 0:
+            continue
+        if part.shape[2] > 1 and part.stride(2) != 1:
+            return False
+        if rows * part.stride(0) + cout * part.stride(1) + part.shape[2] >= 2**31:
+            return False
+    return True
+
+
+def _residual_args(
+    head: torch.Tensor | None, residual: torch.Tensor | None, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int, int, int]]:
+    """The kernels' residual arguments: (first part or the whole residual, second part, the parts' sizes).
+    Pointers that are never read point at ``y``."""
+    if head is None:
+        return (residual.contiguous() if residual is not None else y), y, (0, 0, 0, 0, 0)
+    tail = residual if residual is not None and residual.numel() else y  # never read: all in the head
+    return head, tail, (head.stride(0), head.stride(1), head.shape[2], tail.stride(0), tail.stride(1))
 
 
 def interleave(y: torch.Tensor, phases: int) -> torch.Tensor:

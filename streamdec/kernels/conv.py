@@ -146,6 +146,7 @@ class _F16Args(NamedTuple):
     phases: int = 1
     head: Tensor | None = None
     products: int = 3
+    residual_head: Tensor | None = None
 
 
 def _f16_out_shape(
@@ -157,7 +158,10 @@ def _f16_out_shape(
 
 
 def _check_f16(args: _F16Args) -> None:
-    x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products = args
+    x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products = args[
+        :13
+    ]
+    residual_head = args.residual_head
     if products not in (1, 3):
         raise ShapeError(f"conv1d_split_f16 takes products=3 (split) or 1 (heads only), got {products}")
     if head is not None and (head.dim() != 3 or head.shape[:2] != x.shape[:2] or head.dtype != x.dtype):
@@ -191,7 +195,20 @@ def _check_f16(args: _F16Args) -> None:
     if phases < 1 or cout % phases:
         raise ShapeError(f"conv1d_split_f16: {cout} output channels do not make {phases} phase groups")
     out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases, kept)
-    if residual is not None and tuple(residual.shape) != out_shape:
+    if residual_head is not None:
+        kept_res = residual_head.shape[-1] if residual_head.dim() == 3 else -1
+        tail_shape = (*out_shape[:2], out_shape[2] - kept_res)
+        if (
+            residual_head.dim() != 3
+            or tuple(residual_head.shape[:2]) != out_shape[:2]
+            or not 0 <= kept_res <= out_shape[2]
+            or (tuple(residual.shape) != tail_shape if residual is not None else kept_res != out_shape[2])
+        ):
+            raise ShapeError(
+                f"conv1d_split_f16: a residual of {tuple(residual_head.shape)} then "
+                f"{None if residual is None else tuple(residual.shape)} for an output of {out_shape}"
+            )
+    elif residual is not None and tuple(residual.shape) != out_shape:
         raise ShapeError(
             f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
         )
@@ -200,7 +217,7 @@ def _check_f16(args: _F16Args) -> None:
     for name, t, dtype in (
         ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
         ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32), ("residual", residual, torch.float32),
-        ("peak", peak, torch.int32),
+        ("peak", peak, torch.int32), ("residual_head", residual_head, torch.float32),
     ):  # fmt: skip
         if t is not None and t.dtype != dtype:
             raise DTypeError(f"conv1d_split_f16 needs {dtype} {name}, got {t.dtype}")
@@ -221,6 +238,7 @@ def conv1d_split_f16(
     phases: int = 1,
     head: Tensor | None = None,
     products: int = 3,
+    residual_head: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -246,12 +264,19 @@ def conv1d_split_f16(
 
     ``products=1`` (the opt-in ``"fp16"`` precision) multiplies the float16 heads only, ``x_hi * w_hi``:
     11 significant bits of each operand; ``w_lo`` is not read. On the CPU the op then convolves the
-    heads, reassembled, in float32."""
+    heads, reassembled, in float32.
+
+    ``residual_head`` (``[B, Cout', H]``), if given, comes before ``residual`` in time: the residual added
+    is ``cat(residual_head, residual)`` (``residual`` None where the head covers the whole output), read
+    where each part lies on CUDA: a delay line's kept history and the new samples it passes on."""
     _check_f16(
         _F16Args(
-            x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products
+            x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
+            residual_head,
         )
-    )
+    )  # fmt: skip
+    if residual_head is not None:
+        residual = residual_head if residual is None else torch.cat([residual_head, residual], dim=-1)
     parts = w_hi.float() + w_lo.float() if products == 3 else w_hi.float()
     weight = (parts * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
     if head is not None:
@@ -301,6 +326,7 @@ def _(*args: Any, **kwargs: Any) -> Tensor:
             residual=a.residual,
             phases=a.phases,
             products=a.products,
+            residual_head=a.residual_head,
         )
 
 
@@ -316,10 +342,11 @@ def split_conv1d_f16(
     phases: int = 1,
     head: Tensor | None = None,
     products: int = 3,
+    residual_head: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
-    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases``, ``head``
-    and ``products`` as the op takes them.
+    float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases``, ``head``,
+    ``products`` and ``residual_head`` as the op takes them.
 
     Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
     row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
@@ -328,6 +355,6 @@ def split_conv1d_f16(
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
         x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head,
-        products,
+        products, residual_head,
     )  # fmt: skip
     return out

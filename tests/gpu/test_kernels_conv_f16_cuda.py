@@ -256,3 +256,29 @@ def test_a_head_is_read_in_place_as_if_concatenated(kept: int, tout: int, pads: 
             ours = split_conv1d_f16(x, packed, inverse, None, 1, pads, head=head)
             cat = split_conv1d_f16(torch.cat([head, x], -1), packed, inverse, None, 1, pads)
         assert torch.equal(ours, cat), batch
+
+
+@pytest.mark.parametrize(("kept", "tout"), [(36, 20), (12, 20), (20, 20), (0, 20), (9, 300)])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_residual_in_two_parts_is_read_where_it_lies(kept: int, tout: int, split: bool) -> None:
+    """A residual given as a delay line gives it (the kept history, a view into a wider state row, then
+    the new samples, a view of the step's input) adds the bits of the concatenated residual, on packed
+    rows (256 rows of 20 samples), one row a program and the chunk-sum kernel alike. A history longer
+    than the output gives all of it."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    batch = 256 if tout < 128 else 3
+    x, w = layer_case(batch, 768, 11, 1, tout)
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*tc.split_f16(x), packed[0], packed[1], inverse, None, 1)
+    gen = torch.Generator(device="cuda").manual_seed(kept)
+    state = torch.randn(batch, 2 * 768 * 40, device="cuda", generator=gen)  # other layers' columns around
+    history = state[:, 768 * 40 : 768 * 40 + 768 * kept].view(batch, 768, kept)
+    new = torch.randn(batch, 768, tout + 5, device="cuda", generator=gen)
+    head = history[..., :tout]
+    tail = new[..., : tout - kept] if kept < tout else None
+    with torch.inference_mode():
+        joined = torch.cat([head, tail], -1) if tail is not None else head.contiguous()
+        whole = tc.conv1d_f16x3(*args, split=split, residual=joined)
+        parts = tc.conv1d_f16x3(*args, split=split, residual=tail, residual_head=head)
+    assert torch.equal(parts, whole)

@@ -287,6 +287,36 @@ def test_triton_epilogue_adds_the_residual_bit_for_bit(p: dict[str, int], split:
 
 
 @needs_interpreter
+@settings(max_examples=20, deadline=None)
+@given(conv_shapes, st.booleans(), st.booleans(), st.floats(0.0, 1.0), st.integers(0, 5))
+def test_triton_epilogue_reads_a_residual_in_two_parts(
+    p: dict[str, int], split: bool, pack: bool, share: float, spare: int
+) -> None:
+    """A residual given as a head (rows and channels apart, as a delay line's kept history lies in a
+    stream's state) and the samples after it gives the bits of the concatenated residual, on one program
+    per row, packed rows and the chunk-sum kernel alike."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*split_input_f16(x), packed[0], packed[1], inverse, bias, p["dilation"])
+    launch = {"split": split, "pack": pack, "tiles": f16_launch.SMALL}
+    batch, cout, tout = p["batch"], p["cout"], p["tout"]
+    gen = torch.Generator().manual_seed(p["seed"])
+    kept = round(share * tout)
+    # the head: a view into wider rows and channels, like a layer's part of a gathered state
+    store = torch.randn(batch, cout + spare, kept + spare, generator=gen)
+    head = store[:, spare:, spare:]
+    residual = torch.randn(batch, cout, tout, generator=gen)
+    tail = residual[..., kept:] if kept < tout else None
+    residual[..., :kept] = head
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(f16_launch, "CHUNK_STEPS", 2)  # chunks, so that split=True runs the chunk-sum kernel
+        whole = tc.conv1d_f16x3(*args, **launch, residual=residual)
+        assert torch.equal(tc.conv1d_f16x3(*args, **launch, residual=tail, residual_head=head), whole)
+
+
+@needs_interpreter
 @settings(max_examples=10, deadline=None)
 @given(conv_shapes, phase_counts, st.booleans(), st.booleans())
 def test_triton_interleave_of_phases_is_bit_for_bit(
@@ -372,12 +402,13 @@ def test_whole_decode_through_the_interpreted_kernel(monkeypatch: pytest.MonkeyP
         x: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, w_inv: torch.Tensor,
         bias: torch.Tensor | None, dilation: int, pad_left: int = 0, pad_right: int = 0,
         residual: torch.Tensor | None = None, peak: torch.Tensor | None = None, phases: int = 1,
-        head: torch.Tensor | None = None, products: int = 3,
+        head: torch.Tensor | None = None, products: int = 3, residual_head: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         parts = tc.split_f16(x, pad_left, pad_right, peak, head, tails=products == 3)
         return tc.conv1d_f16x3(
-            *parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases, products=products
-        )
+            *parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases, products=products,
+            residual_head=residual_head,
+        )  # fmt: skip
 
     assert_tiny_decodes_through(monkeypatch, "fp16x3", "conv1d_split_f16", interpreted)
 

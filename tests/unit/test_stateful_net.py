@@ -255,9 +255,22 @@ def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple
 
     def conv(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int,
              pad_left: int = 0, pad_right: int = 0, residual: Tensor | None = None, peak: Tensor | None = None,
-             phases: int = 1, head: Tensor | None = None, products: int = 3) -> Tensor:  # fmt: skip
+             phases: int = 1, head: Tensor | None = None, products: int = 3,
+             residual_head: Tensor | None = None) -> Tensor:  # fmt: skip
+        if residual_head is not None:
+            calls["residual in two parts"] += 1
         parts = tc.split_f16(x, pad_left, pad_right, peak, head)
-        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases)
+        return tc.conv1d_f16x3(
+            *parts,
+            w_hi,
+            w_lo,
+            w_inv,
+            bias,
+            dilation,
+            residual=residual,
+            phases=phases,
+            residual_head=residual_head,
+        )
 
     def window(head: Tensor, x: Tensor, filt: Tensor, a: Tensor, b: Tensor, start: int, n: int) -> Tensor:
         return af.window_launch(tk, head, x, filt, a, b, start, n, None)
@@ -287,8 +300,8 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A tiny-codec fp16x3 step on the kernels a GPU runs (interpreted), after a prime on the CPU path:
-    the fused step (residuals in the conv epilogue, row peaks from the window op, heads read in place
-    from the gathered copy) gives the per-layer step's audio and new states bit for bit."""
+    the fused step (residuals in the conv epilogue, read in two parts where a delay line gives them, row
+    peaks from the window op, heads read in place from the gathered copy) gives the per-layer step's audio and new states bit for bit."""
     on, calls = _route_through_interpreted_kernels(monkeypatch)
     codec = streamdec.load_codec("tiny")
     codec.precision = "fp16x3"
@@ -304,11 +317,13 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
         for pool in pools:
             pool.prime(torch.tensor([0, 1]), prime)
         on[0] = True
-        outs, handed = [], []
+        outs, handed, in_parts = [], [], []
         for pool in pools:
             calls.clear()
             outs.append(pool.step(index, z))
             handed.append(calls["alias_free_activation_window_peak"])
+            in_parts.append(calls["residual in two parts"])
     assert torch.equal(outs[0][[0, 2]], outs[1][[0, 2]])
     assert torch.equal(pools[0].flat[:2], pools[1].flat[:2])
     assert handed[0] > 0 and handed[1] == 0  # only the fused step hands peaks over
+    assert in_parts[0] > 0 and in_parts[1] == 0  # and reads delay lines' outputs in two parts

@@ -91,24 +91,27 @@ class SplitConv(nn.Module):
         peak: Tensor | None = None,
         phases: int = 1,
         head: Tensor | None = None,
+        residual_head: Tensor | None = None,
     ) -> Tensor:
         """``cat(head, x)`` (``head`` may be None) zero-padded by ``pads`` through this layer's
         ordinary-convolution form (then
         ``residual +`` it), on whichever kernel holds it; ``phases`` > 1 interleaves the output's phase
         groups in time (a transposed convolution's phases, see ``conv1d_split_f16``). The float16 op pads
         as it splits, adds the residual in its epilogue and takes ``x``'s row peaks from ``peak`` when
-        given: no padded copy, no separate add, no pass for the peaks."""
+        given: no padded copy, no separate add, no pass for the peaks. ``residual_head``, if given, comes
+        before ``residual`` in time (see :func:`joined_residual`); the float16 op reads the two in place."""
         if self.packed_f16 is not None:
             assert self.f16_inverse is not None  # set with packed_f16
             out: Tensor = split_conv1d_f16(
                 x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases, head,
-                self.f16_products,
+                self.f16_products, residual_head,
             )  # fmt: skip
             return out
         assert self.packed_split is not None  # on_triton held
         if head is not None:
             x = torch.cat([head, x], dim=-1)
         out = split_conv1d(F.pad(x, pads), self.packed_split, bias, dilation, phases)
+        residual = joined_residual(residual_head, residual)
         return out if residual is None else residual + out
 
     def triton_weight(self) -> Tensor | None:
@@ -170,15 +173,19 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         head: Tensor | None = None,
         residual: Tensor | None = None,
         peak: Tensor | None = None,
+        residual_head: Tensor | None = None,
     ) -> Tensor:  # [B, Cin, H + T] -> [B, Cout, H + T + pads - (k-1)*d]
         """This convolution of ``cat(head, x)`` (``head`` may be None) with ``pads`` zeros around it instead
         of its own padding, on whichever path this layer takes, plus ``residual`` if given (as
         :meth:`after` adds it). Stateful streaming convolves a stream's kept history (``head``) and its new
         samples with none; the float16 kernel reads the two where they lie, adds the residual in its
         epilogue, and takes ``peak`` (the rows' peaks of ``cat(head, x)``, from the fused activation) as
-        its split's."""
+        its split's. ``residual_head``, if given, comes before ``residual`` in time (a delay line's kept
+        history and its new samples, :func:`joined_residual`): the float16 kernel reads both in place."""
         if self.on_triton(x):
-            return self.triton_conv(x, self.bias, self.dilation[0], pads, residual, peak, head=head)
+            return self.triton_conv(
+                x, self.bias, self.dilation[0], pads, residual, peak, head=head, residual_head=residual_head
+            )
         if head is not None:
             x = torch.cat([head, x], dim=-1)
         x = F.pad(x, pads)
@@ -186,6 +193,7 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
             out = F.conv1d(split_input(x), self.split_weight, self.bias, self.stride, 0, self.dilation)
         else:
             out = super().forward(x)
+        residual = joined_residual(residual_head, residual)
         return out if residual is None else residual + out
 
     def takes_peak(self, x: Tensor) -> bool:
@@ -230,6 +238,13 @@ class _SplitConvTranspose1d(SplitConv, nn.ConvTranspose1d):
         if output_size is not None:
             raise ValueError(f"{type(self).__name__} has a fixed output length; drop output_size")
         return self.convolve(x)
+
+
+def joined_residual(head: Tensor | None, tail: Tensor | None) -> Tensor | None:
+    """A residual given in two parts, ``head`` then ``tail`` in time (either may be None), as one tensor."""
+    if head is None:
+        return tail
+    return head if tail is None else torch.cat([head, tail], dim=-1)
 
 
 def polyphase_weight(weight: Tensor, stride: int) -> Tensor:
