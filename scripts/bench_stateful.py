@@ -48,6 +48,10 @@ def main() -> None:
     ap.add_argument("--halo-max-emit", type=int, default=16)
     ap.add_argument("--batch-buckets", type=_ints, default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument(
+        "--timeline", action="store_true",
+        help="record each point's device calls and underruns on one clock (device_calls_at, underruns_at)",
+    )  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     asyncio.run(_run(args))
@@ -72,7 +76,7 @@ async def _run(args: argparse.Namespace) -> None:
         settings = ConcurrencySettings(
             streams=streams, seconds=args.seconds, burst=args.burst, stagger=args.stagger,
             prebuffer_ms=args.prebuffer_ms, min_emit=args.min_emit, max_emit=max_emit,
-            ttfa_limit_ms=args.ttfa_limit_ms,
+            ttfa_limit_ms=args.ttfa_limit_ms, timeline=args.timeline,
         )  # fmt: skip
         slots = max(streams) + 8 if mode == "stateful" else 0
         engine = DecodeEngine(codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +54,7 @@ async def _run(args: argparse.Namespace) -> None:
     )  # fmt: skip
     settings = ConcurrencySettings(
         streams=tuple(args.streams), seconds=args.seconds, burst=4, stagger=1.0, prebuffer_ms=100.0,
-        min_emit=4, max_emit=16, ttfa_limit_ms=100.0,
+        min_emit=4, max_emit=16, ttfa_limit_ms=100.0, timeline=args.out is not None,
     )  # fmt: skip
     try:
         out: dict[str, Any] = await sweep(
@@ -61,6 +63,8 @@ async def _run(args: argparse.Namespace) -> None:
         )  # fmt: skip
     finally:
         await engine.aclose()
+    if args.out is not None:
+        Path(args.out).write_text(json.dumps(out, indent=1))
     for p in out["decoder"]:
         print(
             f"{p['streams']:4d} streams: ok={p['ok']} under-ran {p['streams_with_underruns']}, "
@@ -82,6 +86,7 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--budget-s", type=float, default=600.0)
+    ap.add_argument("--out", default=None, help="write the sweep, with each point's timeline, as JSON here")
     asyncio.run(_run(ap.parse_args()))
 
 

@@ -65,6 +65,8 @@ class ConcurrencySettings:
     max_emit: int
     ttfa_limit_ms: float
     seed: int = 0
+    # each point's device calls (the engine's record) and underruns on one clock, for finding stalls
+    timeline: bool = False
 
 
 @dataclass
@@ -76,16 +78,24 @@ class _Record:
 
 def listen(tiles: list[tuple[float, int, int]], prebuffer_s: float, frame_s: float) -> tuple[int, float]:
     """``(underruns, stall seconds)`` of a listener fed ``tiles``; see the module docstring."""
+    events = underruns_of(tiles, prebuffer_s, frame_s)
+    return len(events), sum(stall for _, stall in events)
+
+
+def underruns_of(
+    tiles: list[tuple[float, int, int]], prebuffer_s: float, frame_s: float
+) -> list[tuple[float, float]]:
+    """Each underrun of a listener fed ``tiles``: ``(arrival of the late tile, seconds it stalled)``."""
     if not tiles:
-        return 0, 0.0
+        return []
     play = tiles[0][0] + prebuffer_s
-    stall, underruns = 0.0, 0
+    stall, events = 0.0, []
     for arrived, start_frame, _frames in tiles:
         deadline = play + start_frame * frame_s + stall
         if arrived > deadline:
-            underruns += 1
+            events.append((arrived, arrived - deadline))
             stall += arrived - deadline
-    return underruns, stall
+    return events
 
 
 def simulate_policy(
@@ -244,6 +254,7 @@ def _point(
 ) -> dict[str, Any]:
     ttfa, from_start, stalls, underruns, broken = [], [], [], 0, 0
     streams_underrun = 0
+    late: list[tuple[float, float]] = []
     errors = [r.error for r in records if r.error]
     for r in records:
         got = sum(t[2] for t in r.tiles)
@@ -253,12 +264,18 @@ def _point(
         completing = r.start + first_chunk * s.burst * frame_s
         ttfa.append(r.tiles[0][0] - completing)
         from_start.append(r.tiles[0][0] - r.start)
-        n, stall = listen(r.tiles, s.prebuffer_ms / 1e3, frame_s)
-        underruns += n
-        streams_underrun += n > 0
-        stalls.append(stall)
+        events = underruns_of(r.tiles, s.prebuffer_ms / 1e3, frame_s)
+        underruns += len(events)
+        streams_underrun += bool(events)
+        stalls.append(sum(stall for _, stall in events))
+        late.extend(events)
     t = summary(ttfa, 1e3)
     ok = broken == 0 and underruns == 0 and t["p99"] is not None and t["p99"] <= s.ttfa_limit_ms
+    extra: dict[str, Any] = {}
+    if s.timeline and records:
+        t0 = min(r.start for r in records)
+        # (ms after the first stream's start, ms stalled), in arrival order
+        extra["underruns_at"] = sorted([round((at - t0) * 1e3, 1), round(st * 1e3, 1)] for at, st in late)
     return {
         "streams": len(records),
         "ttfa_ms": t,
@@ -269,6 +286,7 @@ def _point(
         "broken_streams": broken,
         "errors": errors[:5],
         "ok": ok,
+        **extra,
     }
 
 
@@ -287,13 +305,14 @@ async def _run_point(
     t0 = time.perf_counter() + _START_LEAD_S
     records = [_Record(t0 + rng.uniform(0.0, s.stagger)) for _ in range(n)]
     began = time.perf_counter()
+    monotonic_at_began = time.monotonic()  # the engine's clock
     with sampler:
         await run(clips, records, t0)
     wall = time.perf_counter() - began
     after = engine.stats
     decodes = after.decodes - before.decodes
     windows = after.windows - before.windows
-    usage = {
+    usage: dict[str, Any] = {
         "wall_s": wall,
         "windows": windows,
         "device_calls": decodes,
@@ -302,6 +321,25 @@ async def _run_point(
         "gpu_util_pct": sampler.mean(),
         "gpu_util_source": "nvml" if sampler.available else "engine decode_seconds / wall (busy_fraction)",
     }
+    if s.timeline:
+        first = min(r.start for r in records)  # the streams' clock, after any shift
+        shift = monotonic_at_began + (first - began)  # the first stream's start on the engine's clock
+        usage["device_calls_at"] = {
+            "fields": [
+                "launched_ms", "finished_ms", "device_ms", "estimate_ms", "kind", "frames", "batch", "live",
+                "queued",
+            ],
+            "calls": [
+                [
+                    round((c.launched - shift) * 1e3, 2), round((c.finished - shift) * 1e3, 2),
+                    None if c.device_s is None else round(c.device_s * 1e3, 3),
+                    None if c.estimate_s is None else round(c.estimate_s * 1e3, 3),
+                    c.kind, c.frames, c.batch, c.live, c.queued,
+                ]
+                for c in engine.recent_calls()
+                if c.launched >= monotonic_at_began
+            ],
+        }  # fmt: skip
     return records, usage
 
 

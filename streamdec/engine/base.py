@@ -20,13 +20,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
 from ..errors import EngineError
 
-__all__ = ["Engine", "EngineStats", "StepKind", "StepRequest", "WarmupReport", "WindowRequest"]
+__all__ = [
+    "DeviceCall", "Engine", "EngineStats", "StepKind", "StepRequest", "WarmupReport", "WindowRequest",
+]  # fmt: skip
 
 StepKind = Literal["prime", "step", "flush"]
 
@@ -94,6 +96,20 @@ class EngineStats:
         return dataclasses.replace(self, by_tier=dict(self.by_tier))
 
 
+class DeviceCall(NamedTuple):
+    """One device call as the engine saw it, for a benchmark's timeline (times: ``time.monotonic()``)."""
+
+    kind: str  # "window", "prime", "step" or "flush"
+    frames: int
+    batch: int  # the bucket's rows
+    live: int  # rows that carried work
+    queued: int  # work still queued when the call was launched
+    launched: float  # when the device thread began the call
+    finished: float  # when its results had been handed over
+    device_s: float | None  # device time between its events (None on the CPU)
+    estimate_s: float | None  # the replay time the scheduler planned with
+
+
 class Engine(abc.ABC):
     """Decodes planned windows off the event loop; see the module docstring for the contract."""
 
@@ -147,3 +163,7 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> EngineStats:
         """A snapshot of the engine's counters."""
+
+    def recent_calls(self) -> list[DeviceCall]:
+        """The latest device calls, oldest first (a bounded record; engines that keep none give [])."""
+        return []

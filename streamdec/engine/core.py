@@ -52,7 +52,7 @@ import torch
 
 from ..codecs.stateful import StatefulNet
 from ..errors import ConfigError, EngineClosedError, EngineError, ShapeError
-from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
+from .base import DeviceCall, Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
@@ -73,6 +73,8 @@ BUSY_AVERAGE_S = 1.0
 DEFAULT_EDGE_BATCH_LIMIT = 16
 #: rows x frames of the largest stateful replay: 256 real-time streams of 4-frame chunks in one replay
 DEFAULT_STEP_FRAME_BUDGET = 1024
+# device calls kept for recent_calls(): at a replay every few milliseconds, the last minute or more
+_CALLS_KEPT = 20_000
 
 log = logging.getLogger("streamdec.engine")
 R = TypeVar("R")
@@ -214,6 +216,8 @@ class DecodeEngine(Engine):
         self.batch_buckets = self._scheduler.batch_buckets
         self._pad_cpu = pad.to("cpu", torch.float32)
         self._stats = EngineStats()
+        # the latest device calls, for benchmarks' timelines (a few per replay period: minutes of them)
+        self._calls: collections.deque[DeviceCall] = collections.deque(maxlen=_CALLS_KEPT)
         self._cond = threading.Condition()  # guards scheduler, stats, commands, inflight count
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         # event loops with a wake-up of the device thread scheduled (see _wake_soon)
@@ -323,6 +327,10 @@ class DecodeEngine(Engine):
     def stats(self) -> EngineStats:
         with self._cond:
             return self._stats.snapshot()
+
+    def recent_calls(self) -> list[DeviceCall]:
+        with self._cond:
+            return list(self._calls)
 
     @property
     def tiers(self) -> GraphTiers:
@@ -503,6 +511,9 @@ class DecodeEngine(Engine):
         with self._cond:
             self._inflight -= 1
             now = time.monotonic()
+            call = item.extra.get("call")
+            if call is not None:
+                self._calls.append(call._replace(finished=now, device_s=elapsed))
             if self._inflight == 0:  # an estimate that ran long (or short) ends with the device free
                 self._device_free_at = now
             self._busy.add(now, elapsed if elapsed is not None else float(item.extra.get("seconds", 0.0)))
@@ -511,9 +522,11 @@ class DecodeEngine(Engine):
             self._cond.notify_all()
 
     def _launch(self, key: BucketKey, items: list[_Pending]) -> None:
+        launched = time.monotonic()
         live = [p for p in items if not p.future.cancelled()]
         with self._cond:
             self._stats.cancelled += len(items) - len(live)
+            queued = self._scheduler.pending
         if not live:
             self._finished(Inflight(torch.empty(0), [], None))
             return
@@ -527,6 +540,9 @@ class DecodeEngine(Engine):
             failed.fail(error)
             self._finished(failed)
             return
+        item.extra["call"] = DeviceCall(
+            key.kind, key.frames, key.batch, len(live), queued, launched, launched, None, self._replay_s(key)
+        )
         with self._cond:
             s = self._stats
             s.decodes += 1
