@@ -24,6 +24,7 @@ from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
+from streamdec.engine.core import DEFAULT_HOLD_LEAD_S
 from streamdec.streaming import StreamDecoder
 
 
@@ -48,6 +49,10 @@ def main() -> None:
     ap.add_argument("--halo-max-emit", type=int, default=16)
     ap.add_argument("--batch-buckets", type=_ints, default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument(
+        "--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3,
+        help="how long before a deadline held work must be done (the engine's hold_lead)",
+    )  # fmt: skip
     ap.add_argument(
         "--timeline", action="store_true",
         help="record each point's device calls and underruns on one clock (device_calls_at, underruns_at)",
@@ -79,7 +84,10 @@ async def _run(args: argparse.Namespace) -> None:
             ttfa_limit_ms=args.ttfa_limit_ms, timeline=args.timeline,
         )  # fmt: skip
         slots = max(streams) + 8 if mode == "stateful" else 0
-        engine = DecodeEngine(codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets)
+        engine = DecodeEngine(
+            codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets,
+            hold_lead=args.hold_lead_ms / 1e3,
+        )  # fmt: skip
         entry: dict[str, Any] = {}
         result.result["modes"][mode] = entry
         try:

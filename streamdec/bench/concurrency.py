@@ -326,11 +326,12 @@ async def _run_point(
         shift = monotonic_at_began + (first - began)  # the first stream's start on the engine's clock
         usage["device_calls_at"] = {
             "fields": [
-                "launched_ms", "finished_ms", "device_ms", "estimate_ms", "kind", "frames", "batch", "live",
-                "queued",
+                "decided_ms", "due_ms", "launched_ms", "finished_ms", "device_ms", "estimate_ms", "kind",
+                "frames", "batch", "live", "queued",
             ],
             "calls": [
                 [
+                    round((c.decided - shift) * 1e3, 2), round((c.due - shift) * 1e3, 2),
                     round((c.launched - shift) * 1e3, 2), round((c.finished - shift) * 1e3, 2),
                     None if c.device_s is None else round(c.device_s * 1e3, 3),
                     None if c.estimate_s is None else round(c.estimate_s * 1e3, 3),

@@ -104,6 +104,8 @@ class DeviceCall(NamedTuple):
     batch: int  # the bucket's rows
     live: int  # rows that carried work
     queued: int  # work still queued when the call was launched
+    decided: float  # when the device thread chose this batch (after any hold)
+    due: float  # the earliest deadline among the call's work
     launched: float  # when the device thread began the call
     finished: float  # when its results had been handed over
     device_s: float | None  # device time between its events (None on the CPU)

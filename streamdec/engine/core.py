@@ -486,7 +486,7 @@ class DecodeEngine(Engine):
                         self._inflight += 1
                         key, items = popped
                         self._device_free_at = max(now, self._device_free_at) + (self._replay_s(key) or 0.0)
-                        return lambda: self._launch(key, items)
+                        return lambda: self._launch(key, items, now)
                 self._cond.wait()
 
     async def _call_on_device(self, fn: Callable[[], R]) -> R:
@@ -521,7 +521,7 @@ class DecodeEngine(Engine):
                 self._stats.decode_seconds += elapsed
             self._cond.notify_all()
 
-    def _launch(self, key: BucketKey, items: list[_Pending]) -> None:
+    def _launch(self, key: BucketKey, items: list[_Pending], decided: float) -> None:
         launched = time.monotonic()
         live = [p for p in items if not p.future.cancelled()]
         with self._cond:
@@ -540,9 +540,11 @@ class DecodeEngine(Engine):
             failed.fail(error)
             self._finished(failed)
             return
+        due = min(p.request.deadline for p in live)
         item.extra["call"] = DeviceCall(
-            key.kind, key.frames, key.batch, len(live), queued, launched, launched, None, self._replay_s(key)
-        )
+            key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched, None,
+            self._replay_s(key),
+        )  # fmt: skip
         with self._cond:
             s = self._stats
             s.decodes += 1
