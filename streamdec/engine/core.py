@@ -61,9 +61,12 @@ from .slots import SlotAllocator, StatePool
 
 __all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAME_BUDGET", "DecodeEngine"]
 
-#: how long before its deadline a replay must end, however few rows it fills: the trip to the listener
-#: and the event loop's lag
-DEFAULT_HOLD_LEAD_S = 0.04
+#: how long before its deadline a replay must end, however few rows it fills: the trip to the listener,
+#: the event loop's lag, and the replay a late decision queues behind. 40 ms let 320 real-time streams
+#: under-run on an H200 (the engine itself missed its deadlines by up to 5 ms, and tiles then took a few
+#: more to reach their streams); at 70 ms 320 held and 448 lost 4 tiles by at most 2 ms
+#: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json)
+DEFAULT_HOLD_LEAD_S = 0.07
 #: the share of recent wall time the device must spend on calls before queued work is held for fuller
 #: replays: holding saves device time, which a device idle most of the time has to spare, and costs latency
 HOLD_BUSY_FRACTION = 0.25
@@ -100,7 +103,7 @@ class DecodeEngine(Engine):
       the event loop's lag). Queued work waits for more to share its replay until the latest start at
       which every queued group, run earliest deadline first after the replays in flight, still ends that
       early (:meth:`.Scheduler.hold`; replay times as measured at warm-up), or until the largest bucket is
-      full (default 0.04; None: dispatch at once). Work is held only while the device spent at least
+      full (default 0.07; None: dispatch at once). Work is held only while the device spent at least
       ``HOLD_BUSY_FRACTION`` of the last second on calls: below that it has time to spare and waiting
       would only add latency. Work due now (whole-clip windows) goes at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
