@@ -41,7 +41,9 @@ from .common import Budget, Latents, Progress
 from .meta import UtilSampler
 from .stats import summary
 
-__all__ = ["ConcurrencySettings", "ServerThread", "listen", "point_seconds", "simulate_policy", "sweep"]
+__all__ = [
+    "ConcurrencySettings", "ServerThread", "listen", "point_seconds", "simulate_policy", "sweep", "underruns_of",
+]  # fmt: skip
 
 # Streams start this far after the schedule is fixed, so that the first one is not late from the outset.
 _START_LEAD_S = 0.05

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from streamdec.bench import BenchConfig, run
 from streamdec.bench.cli import config_from_args, configure_bench, summary_table
-from streamdec.bench.concurrency import listen, simulate_policy
+from streamdec.bench.concurrency import listen, simulate_policy, underruns_of
 from streamdec.bench.meta import ResultFile
 from streamdec.bench.quality import crossfade_chunks, error_metrics, naive_chunks, seam_samples
 from streamdec.errors import ConfigError
@@ -46,6 +46,16 @@ def test_listener_counts_late_tiles_and_stalls(
     underruns, stall = listen(tiles, prebuffer, frame_s=0.02)
     assert underruns == expected[0]
     assert stall == pytest.approx(expected[1])
+
+
+def test_underrun_events_carry_their_arrival_and_stall() -> None:
+    """Each late tile is one event: when it arrived and how long playback stalled for it; later deadlines
+    move by the stall, so a second tile as late as the first only stalls by what it adds."""
+    tiles = [(0.0, 0, 2), (0.05, 2, 2), (0.10, 4, 2), (0.2, 6, 2)]
+    events = underruns_of(tiles, 0.0, frame_s=0.02)
+    assert [at for at, _ in events] == [0.05, 0.10, 0.2]
+    assert [stall for _, stall in events] == pytest.approx([0.01, 0.01, 0.06])
+    assert listen(tiles, 0.0, frame_s=0.02) == (3, pytest.approx(0.08))
 
 
 def test_policy_simulation_finds_the_chunk_completing_the_first_window() -> None:

@@ -322,6 +322,26 @@ async def test_cpu_engine_decodes_and_batches(completion: str) -> None:
     await engine.aclose()
 
 
+async def test_engine_keeps_a_record_of_its_device_calls() -> None:
+    """Each device call is recorded once its results are handed over: its bucket, rows carrying work,
+    the earliest deadline among them, and the times it was chosen, launched and finished, in that order."""
+    codec = FakeCodec()
+    engine = DecodeEngine(codec, max_inflight=1)  # type: ignore[arg-type]
+    await engine.start()
+    assert engine.recent_calls() == []
+    requests = [_request(12, i, deadline=10.0 + i) for i in range(5)]
+    await asyncio.gather(*(engine.decode_window(r) for r in requests))
+    calls = engine.recent_calls()
+    assert len(calls) == engine.stats.decodes >= 1
+    assert sum(c.live for c in calls) == 5
+    for c in calls:
+        assert (c.kind, c.frames) == ("window", 12) and 1 <= c.live <= c.batch
+        assert c.decided <= c.launched <= c.finished
+        assert c.device_s is None  # CPU: no device events
+    assert min(c.due for c in calls) == 10.0
+    await engine.aclose()
+
+
 async def test_cpu_engine_cancel_frees_slot() -> None:
     """A window cancelled while queued is never decoded and counts as cancelled."""
     codec = FakeCodec()
