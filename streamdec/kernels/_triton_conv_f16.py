@@ -23,7 +23,8 @@ zero and the chunks are added in order. A small grid (batch 1) runs one chunk pe
 kernel adds them (split-K); a large grid runs all chunks in one program. Both add the same numbers in
 the same order, so a row's output is bit-identical whatever batch it is computed in. The launch is
 planned in :mod:`streamdec.kernels.f16_launch`. The epilogue unscales and adds the bias, then a residual
-if given, as a float32 add of its own: the result equals ``residual + conv(x)`` computed apart.
+if given, as a float32 add of its own: the result equals ``residual + conv(x)`` computed apart. The
+residual may lie in two parts (:func:`_residual_tile`), as a stateful step's delay line hands it over.
 """
 
 from __future__ import annotations
