@@ -24,7 +24,7 @@ from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
-from streamdec.engine.core import DEFAULT_HOLD_LEAD_S
+from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S
 from streamdec.streaming import StreamDecoder
 
 
@@ -49,6 +49,10 @@ def main() -> None:
     ap.add_argument("--halo-max-emit", type=int, default=16)
     ap.add_argument("--batch-buckets", type=_ints, default=(1, 2, 4, 8, 16, 32, 64, 128, 256))
     ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument(
+        "--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT,
+        help="the largest batch of stateful primes and flushes (the engine's edge_batch_limit)",
+    )  # fmt: skip
     ap.add_argument(
         "--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3,
         help="how long before a deadline held work must be done (the engine's hold_lead)",
@@ -86,7 +90,7 @@ async def _run(args: argparse.Namespace) -> None:
         slots = max(streams) + 8 if mode == "stateful" else 0
         engine = DecodeEngine(
             codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets,
-            hold_lead=args.hold_lead_ms / 1e3,
+            hold_lead=args.hold_lead_ms / 1e3, edge_batch_limit=args.edge_batch_limit,
         )  # fmt: skip
         entry: dict[str, Any] = {}
         result.result["modes"][mode] = entry
