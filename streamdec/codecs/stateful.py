@@ -47,9 +47,9 @@ from streamdec.codecs.layers import (
     PaddedConvTranspose1d,
     Pointwise,
     SnakeBeta,
-    joined_residual,
 )
 from streamdec.errors import CodecError
+from streamdec.kernels.conv import joined_residual
 from streamdec.kernels.sizing import activation_packs_rows
 
 if TYPE_CHECKING:

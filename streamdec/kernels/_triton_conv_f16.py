@@ -37,6 +37,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from streamdec.errors import ShapeError
 from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
+from streamdec.kernels.conv import joined_residual
 from streamdec.kernels.f16_launch import Tiles, plan
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
@@ -474,7 +475,7 @@ def conv1d_f16x3(
     if residual_head is not None:
         _check_parts(residual_head, residual, (batch, cout // phases, max(tout, 0) * phases))
         if phases > 1:  # added after the interleave, as one tensor
-            residual, residual_head = _joined(residual_head, residual), None
+            residual, residual_head = joined_residual(residual_head, residual), None
     if phases > 1:
         if cout % phases or cout * max(tout, 0) >= 2**31:
             raise ShapeError(
@@ -495,7 +496,7 @@ def conv1d_f16x3(
         pack=pack if pack is not None else sizing.PACK_SHORT_ROWS,
     )  # fmt: skip
     if residual_head is not None and not _parts_addressable(residual_head, residual, cout, launch.rows):
-        residual, residual_head = _joined(residual_head, residual), None
+        residual, residual_head = joined_residual(residual_head, residual), None
     w_box = [launch.block_m, launch.block_k]
     if launch.rows > 1:  # short rows packed: 3-D boxes, each row zero-filled past its own end
         x_box = [launch.rows, launch.block_n // launch.rows, launch.block_k]
@@ -564,10 +565,6 @@ def _check_parts(head: torch.Tensor, tail: torch.Tensor | None, shape: tuple[int
             f"a residual in two parts, {tuple(head.shape)} then "
             f"{None if tail is None else tuple(tail.shape)}, for an output of {shape}"
         )
-
-
-def _joined(head: torch.Tensor, tail: torch.Tensor | None) -> torch.Tensor:
-    return head if tail is None else torch.cat([head, tail], dim=-1)
 
 
 def _parts_addressable(head: torch.Tensor, tail: torch.Tensor | None, cout: int, rows: int) -> bool:

@@ -275,8 +275,7 @@ def conv1d_split_f16(
             residual_head,
         )
     )  # fmt: skip
-    if residual_head is not None:
-        residual = residual_head if residual is None else torch.cat([residual_head, residual], dim=-1)
+    residual = joined_residual(residual_head, residual)
     parts = w_hi.float() + w_lo.float() if products == 3 else w_hi.float()
     weight = (parts * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
     if head is not None:
@@ -288,6 +287,13 @@ def conv1d_split_f16(
     out = F.conv1d(x, weight[:, : x.shape[1]], bias, dilation=dilation)
     out = interleave_phases(out, phases)
     return out if residual is None else residual + out
+
+
+def joined_residual(head: Tensor | None, tail: Tensor | None) -> Tensor | None:
+    """A residual given in two parts, ``head`` then ``tail`` in time (either may be None), as one tensor."""
+    if head is None:
+        return tail
+    return head if tail is None else torch.cat([head, tail], dim=-1)
 
 
 def interleave_phases(y: Tensor, phases: int) -> Tensor:

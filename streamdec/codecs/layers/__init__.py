@@ -29,7 +29,6 @@ from streamdec.codecs.layers.conv import (
     PaddedConv1d,
     PaddedConvTranspose1d,
     SplitConv,
-    joined_residual,
     polyphase_weight,
 )
 from streamdec.codecs.layers.switches import all_convs_on_triton_split, refresh_caches, set_split_convs
@@ -48,7 +47,6 @@ __all__ = [
     "SnakeBeta",
     "SplitConv",
     "all_convs_on_triton_split",
-    "joined_residual",
     "kaiser_sinc_filter",
     "polyphase_weight",
     "refresh_caches",

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval
 from streamdec.codecs.layers import routing
 from streamdec.codecs.layers.activation import AliasFreeActivation
-from streamdec.kernels.conv import split_conv1d, split_conv1d_f16
+from streamdec.kernels.conv import joined_residual, split_conv1d, split_conv1d_f16
 from streamdec.kernels.split import pack_split_weight, pack_split_weight_f16, split_input, split_weight
 
 __all__ = [
@@ -238,13 +238,6 @@ class _SplitConvTranspose1d(SplitConv, nn.ConvTranspose1d):
         if output_size is not None:
             raise ValueError(f"{type(self).__name__} has a fixed output length; drop output_size")
         return self.convolve(x)
-
-
-def joined_residual(head: Tensor | None, tail: Tensor | None) -> Tensor | None:
-    """A residual given in two parts, ``head`` then ``tail`` in time (either may be None), as one tensor."""
-    if head is None:
-        return tail
-    return head if tail is None else torch.cat([head, tail], dim=-1)
 
 
 def polyphase_weight(weight: Tensor, stride: int) -> Tensor:
