@@ -56,6 +56,15 @@ def show(point: dict[str, Any]) -> None:
             f"  {kind} {frames} x {batch}: {len(group)} calls, {statistics.mean(c['live'] for c in group):.0f} "
             f"rows live, {timing}, estimate {group[0]['estimate_ms']}"
         )
+    if "due_ms" in timeline["fields"]:  # files recorded before calls carried their deadline lack these
+        _show_slack(calls)
+    bins = Counter(int(at // 100) * 100 for at, _ in point.get("underruns_at", []))
+    if bins:
+        print("  underruns per 100 ms (start ms: count):", dict(sorted(bins.items())))
+
+
+def _show_slack(calls: list[dict[str, Any]]) -> None:
+    """The engine's slack at each step, the longest waits after a call's results, decision to launch."""
     slack = [c["due_ms"] - c["finished_ms"] for c in calls if c["kind"] == "step"]
     if slack:
         print(f"  step slack (earliest deadline - results handed over): min {min(slack):.1f}, "
@@ -75,9 +84,6 @@ def show(point: dict[str, Any]) -> None:
         print(f"    {wait:6.1f} at {at:7.0f}: {queued} queued, due in {to_due:.1f}")
     late = [c["launched_ms"] - c["decided_ms"] for c in calls]
     print(f"  decision to launch: p50 {statistics.median(late):.2f}, max {max(late):.2f} ms")
-    bins = Counter(int(at // 100) * 100 for at, _ in point.get("underruns_at", []))
-    if bins:
-        print("  underruns per 100 ms (start ms: count):", dict(sorted(bins.items())))
 
 
 def main() -> None:
