@@ -37,7 +37,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from streamdec.errors import ShapeError
 from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
-from streamdec.kernels.conv import joined_residual
+from streamdec.kernels.conv import check_residual_parts, joined_residual
 from streamdec.kernels.f16_launch import Tiles, plan
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
@@ -473,7 +473,9 @@ def conv1d_f16x3(
     ksize, cout, _ = w_hi.shape
     tout = tin - (ksize - 1) * dilation
     if residual_head is not None:
-        _check_parts(residual_head, residual, (batch, cout // phases, max(tout, 0) * phases))
+        check_residual_parts(
+            residual_head, residual, (batch, cout // phases, max(tout, 0) * phases), "conv1d_f16x3"
+        )
         if phases > 1:  # added after the interleave, as one tensor
             residual, residual_head = joined_residual(residual_head, residual), None
     if phases > 1:
@@ -550,21 +552,6 @@ def conv1d_f16x3(
             RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y
-
-
-def _check_parts(head: torch.Tensor, tail: torch.Tensor | None, shape: tuple[int, int, int]) -> None:
-    kept = head.shape[-1]
-    tail_shape = (*shape[:2], shape[2] - kept)
-    if (
-        head.dim() != 3
-        or head.shape[:2] != shape[:2]
-        or kept > shape[2]
-        or (tuple(tail.shape) != tail_shape if tail is not None else kept != shape[2])
-    ):
-        raise ShapeError(
-            f"a residual in two parts, {tuple(head.shape)} then "
-            f"{None if tail is None else tuple(tail.shape)}, for an output of {shape}"
-        )
 
 
 def _parts_addressable(head: torch.Tensor, tail: torch.Tensor | None, cout: int, rows: int) -> bool:

@@ -158,10 +158,10 @@ def _f16_out_shape(
 
 
 def _check_f16(args: _F16Args) -> None:
-    x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products = args[
-        :13
-    ]
-    residual_head = args.residual_head
+    (
+        x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
+        residual_head,
+    ) = args  # fmt: skip
     if products not in (1, 3):
         raise ShapeError(f"conv1d_split_f16 takes products=3 (split) or 1 (heads only), got {products}")
     if head is not None and (head.dim() != 3 or head.shape[:2] != x.shape[:2] or head.dtype != x.dtype):
@@ -196,18 +196,7 @@ def _check_f16(args: _F16Args) -> None:
         raise ShapeError(f"conv1d_split_f16: {cout} output channels do not make {phases} phase groups")
     out_shape = _f16_out_shape(x, w_hi, dilation, pad_left, pad_right, phases, kept)
     if residual_head is not None:
-        kept_res = residual_head.shape[-1] if residual_head.dim() == 3 else -1
-        tail_shape = (*out_shape[:2], out_shape[2] - kept_res)
-        if (
-            residual_head.dim() != 3
-            or tuple(residual_head.shape[:2]) != out_shape[:2]
-            or not 0 <= kept_res <= out_shape[2]
-            or (tuple(residual.shape) != tail_shape if residual is not None else kept_res != out_shape[2])
-        ):
-            raise ShapeError(
-                f"conv1d_split_f16: a residual of {tuple(residual_head.shape)} then "
-                f"{None if residual is None else tuple(residual.shape)} for an output of {out_shape}"
-            )
+        check_residual_parts(residual_head, residual, out_shape, "conv1d_split_f16")
     elif residual is not None and tuple(residual.shape) != out_shape:
         raise ShapeError(
             f"conv1d_split_f16: a residual of {tuple(residual.shape)} for an output of {out_shape}"
@@ -287,6 +276,24 @@ def conv1d_split_f16(
     out = F.conv1d(x, weight[:, : x.shape[1]], bias, dilation=dilation)
     out = interleave_phases(out, phases)
     return out if residual is None else residual + out
+
+
+def check_residual_parts(head: Tensor, tail: Tensor | None, out_shape: tuple[int, int, int], op: str) -> None:
+    """A residual in two parts, ``head`` ``[B, C, H]`` then ``tail`` ``[B, C, T - H]`` (None where
+    ``H = T``), must cover an output of ``out_shape`` ``[B, C, T]``: else a :class:`ShapeError` naming
+    ``op``."""
+    kept = head.shape[-1] if head.dim() == 3 else -1
+    tail_shape = (*out_shape[:2], out_shape[2] - kept)
+    if (
+        head.dim() != 3
+        or tuple(head.shape[:2]) != tuple(out_shape[:2])
+        or not 0 <= kept <= out_shape[2]
+        or (tuple(tail.shape) != tail_shape if tail is not None else kept != out_shape[2])
+    ):
+        raise ShapeError(
+            f"{op}: a residual of {tuple(head.shape)} then {None if tail is None else tuple(tail.shape)} "
+            f"for an output of {tuple(out_shape)}"
+        )
 
 
 def joined_residual(head: Tensor | None, tail: Tensor | None) -> Tensor | None:

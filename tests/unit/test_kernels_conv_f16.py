@@ -187,6 +187,14 @@ def test_bad_inputs_are_typed_errors() -> None:
         split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 11))
     with pytest.raises(DTypeError, match="residual"):
         split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), torch.zeros(1, 6, 10, dtype=torch.float64))
+    for head, tail in (
+        (torch.zeros(1, 6, 4), torch.zeros(1, 6, 7)),  # 4 + 7 samples for an output of 10
+        (torch.zeros(1, 6, 4), None),  # a head alone must cover the output
+        (torch.zeros(1, 6, 11), None),
+        (torch.zeros(1, 5, 4), torch.zeros(1, 5, 6)),
+    ):
+        with pytest.raises(ShapeError, match="a residual of"):
+            split_conv1d_f16(x, packed, inverse, None, 1, (0, 0), tail, residual_head=head)
     assert split_conv1d_f16(x[..., :1], packed, inverse, None, 1, (1, 1)).shape == (1, 6, 1)
     with pytest.raises(ShapeError, match="one shape"):
         conv1d_split_f16(x, packed[0], packed[1][:, 1:], inverse, None, 1)
