@@ -37,6 +37,8 @@ class DecoderOptions:
     min_emit: int
     max_emit: int
     inductor_cache: str | None = None
+    #: stateful slots, as ``serve --max-streams-total N`` allocates N (None: the decoder's default)
+    slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,18 @@ async def _build(options: DecoderOptions) -> Any:
         from streamdec import supports_stateful
         from streamdec.engine.simulated import DEFAULT_SIMULATED_SLOTS, SimulatedCost, simulated_engine
 
-        slots = DEFAULT_SIMULATED_SLOTS if supports_stateful(codec) else 0
+        slots = (options.slots or DEFAULT_SIMULATED_SLOTS) if supports_stateful(codec) else 0
         cost = SimulatedCost.parse(options.simulated_cost_ms)
         extra["engine"] = simulated_engine(codec, cost=cost, max_streams=slots)
-    elif codec.pad_latent.device.type == "cuda":  # as serve: warm every bucket, then never capture again
-        extra.update(on_frozen_miss="eager")
-        if options.inductor_cache:
-            extra.update(inductor_cache_dir=options.inductor_cache)
+    else:
+        from streamdec import supports_stateful
+
+        if options.slots is not None and supports_stateful(codec):
+            extra.update(max_streams=options.slots)
+        if codec.pad_latent.device.type == "cuda":  # as serve: warm every bucket, then never capture again
+            extra.update(on_frozen_miss="eager")
+            if options.inductor_cache:
+                extra.update(inductor_cache_dir=options.inductor_cache)
     decoder = StreamDecoder(codec, min_emit=options.min_emit, max_emit=options.max_emit, **extra)
     await decoder.start()
     await decoder.warmup()

@@ -678,7 +678,7 @@ def _open_target(
     if args.target == "decoder":
         options = DecoderOptions(
             args.codec, args.device, args.engine, args.simulated_cost_ms, args.precision, s.min_emit, s.max_emit,
-            args.inductor_cache,
+            args.inductor_cache, _most_streams(args),
         )  # fmt: skip
         decoder = DecoderTarget(options, args.server_timeout)
         closers.append(decoder.close)
