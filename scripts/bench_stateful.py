@@ -24,7 +24,7 @@ from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
-from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S
+from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S, DEFAULT_MAX_INFLIGHT
 from streamdec.streaming import StreamDecoder
 
 
@@ -56,6 +56,10 @@ def main() -> None:
     ap.add_argument(
         "--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3,
         help="how long before a deadline held work must be done (the engine's hold_lead)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
+        help="replays queued on the device at once (the engine's max_inflight)",
     )  # fmt: skip
     ap.add_argument(
         "--timeline", action="store_true",
@@ -91,6 +95,7 @@ async def _run(args: argparse.Namespace) -> None:
         engine = DecodeEngine(
             codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets,
             hold_lead=args.hold_lead_ms / 1e3, edge_batch_limit=args.edge_batch_limit,
+            max_inflight=args.max_inflight,
         )  # fmt: skip
         entry: dict[str, Any] = {}
         result.result["modes"][mode] = entry

@@ -59,7 +59,13 @@ from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Tick
 from .simulated import SimulatedCost, SimulatedTier, call_seconds
 from .slots import SlotAllocator, StatePool
 
-__all__ = ["DEFAULT_EDGE_BATCH_LIMIT", "DEFAULT_HOLD_LEAD_S", "DEFAULT_STEP_FRAME_BUDGET", "DecodeEngine"]
+__all__ = [
+    "DEFAULT_EDGE_BATCH_LIMIT",
+    "DEFAULT_HOLD_LEAD_S",
+    "DEFAULT_MAX_INFLIGHT",
+    "DEFAULT_STEP_FRAME_BUDGET",
+    "DecodeEngine",
+]
 
 #: how long before its deadline a replay must end, however few rows it fills: the trip to the listener,
 #: the event loop's lag, and the replay a late decision queues behind. 40 ms let 320 real-time streams
@@ -74,6 +80,8 @@ HOLD_BUSY_FRACTION = 0.25
 BUSY_AVERAGE_S = 1.0
 #: stateful primes and flushes happen once per stream: small buckets keep graph count and memory down
 DEFAULT_EDGE_BATCH_LIMIT = 16
+#: replays queued on the engine's stream at once: one runs while the next is staged behind it
+DEFAULT_MAX_INFLIGHT = 2
 #: rows x frames of the largest stateful replay: 256 real-time streams of 4-frame chunks in one replay
 DEFAULT_STEP_FRAME_BUDGET = 1024
 # device calls kept for recent_calls(): at a replay every few milliseconds, the last minute or more
@@ -147,7 +155,7 @@ class DecodeEngine(Engine):
         max_graphs: int = 16,
         on_frozen_miss: Literal["error", "eager"] = "error",
         completion: Literal["thread", "poll"] = "thread",
-        max_inflight: int = 2,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
         poll_interval: float = 1e-4,
         cost: CostFn | None = None,
         simulated: SimulatedCost | None = None,
