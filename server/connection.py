@@ -633,7 +633,6 @@ class Connection:
     def _on_tile(self, stream: _Stream, tile: Tile) -> bool:
         """A tile of ``stream`` came back from the engine; False pauses the stream (see _offer_audio)."""
         samples = tile.samples  # finite: the stream checked it (see _start)
-        values = samples.numpy()  # the engine's fresh float32 CPU tensor: numpy from here on
         if not stream.audio_sent and stream.first_latent_at is not None:
             self.server.metrics.ttfa.observe(time.monotonic() - stream.first_latent_at)
         stream.audio_sent = True
@@ -641,7 +640,8 @@ class Connection:
         if stream.opus is not None:
             self._encode(stream, partial(self._send_opus, stream, samples))
             return False  # paused until the encoder's worker thread is done
-        return self._offer_audio(stream, self.state.audio(stream.id, values))
+        # numpy from here on; s16 from the tile, which converts its whole device call at once
+        return self._offer_audio(stream, self.state.audio(stream.id, samples.numpy(), tile.pcm16))
 
     def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:
         """``stream`` ended by itself: every tile went out (failure None), or bad input or the engine

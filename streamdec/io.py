@@ -10,7 +10,7 @@ import torch
 
 from .errors import InputError
 
-__all__ = ["load_latents", "pcm16", "save_latents", "write_wav"]
+__all__ = ["load_latents", "pcm16", "s16_values", "save_latents", "write_wav"]
 
 
 def load_latents(path: str | Path) -> torch.Tensor:
@@ -47,14 +47,24 @@ def save_latents(path: str | Path, latents: torch.Tensor) -> None:
         np.save(path, latents.float().numpy())
 
 
+def s16_values(samples: np.ndarray) -> np.ndarray:
+    """Float audio of any shape -> int16 (little-endian) of the same shape:
+    ``round_half_even(clip(x, -1, 1) * 32767)`` in float32. :func:`pcm16` lays it out for the wire; an
+    engine call's whole output block goes through it at once (:class:`~streamdec.engine.output.CallOutput`).
+    """
+    scaled: np.ndarray = np.rint(
+        np.clip(samples.astype(np.float32, copy=False), -1.0, 1.0) * np.float32(32767.0)
+    )
+    return scaled.astype("<i2")
+
+
 def pcm16(samples: torch.Tensor | np.ndarray) -> bytes:
-    """``[C, N]`` float audio -> interleaved little-endian s16: ``round_half_even(clip(x, -1, 1) * 32767)``
-    in float32. In numpy: a server encodes every audio message with it, and a handful of numpy calls cost
-    less than one torch call on a small tensor."""
+    """``[C, N]`` float audio -> interleaved little-endian s16 (:func:`s16_values`). In numpy: a server
+    encodes audio messages with it, and a handful of numpy calls cost less than one torch call on a small
+    tensor."""
     if isinstance(samples, torch.Tensor):
         samples = samples.detach().to("cpu", torch.float32).numpy()
-    scaled = np.rint(np.clip(samples.astype(np.float32, copy=False), -1.0, 1.0) * np.float32(32767.0))
-    return bytes(scaled.astype("<i2").T.tobytes())
+    return s16_values(samples).T.tobytes()
 
 
 def write_wav(path: str | Path, samples: torch.Tensor, sample_rate: int) -> None:

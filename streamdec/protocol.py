@@ -21,7 +21,7 @@ import enum
 import json
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -446,15 +446,20 @@ def encode_latents(
 
 
 def encode_audio(
-    stream: int, seq: int, start_sample: int, samples: torch.Tensor | np.ndarray, fmt: str
+    stream: int,
+    seq: int,
+    start_sample: int,
+    samples: torch.Tensor | np.ndarray,
+    fmt: str,
+    s16: Callable[[], bytes] | None = None,
 ) -> bytes:
     """An audio message: ``samples`` is float ``[channels, n]`` (a tensor or an array); interleaved on the
-    wire in ``fmt``."""
+    wire in ``fmt``. ``s16``, if given, returns what :func:`~streamdec.io.pcm16` would make of ``samples``
+    (a decoder's tile converts a whole device call at once: :meth:`~streamdec.session.Tile.pcm16`)."""
     header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1])
-    floats = _float_samples(samples)
     if fmt == "pcm_s16le":
-        return header + pcm16(floats)
-    return header + _to_le_bytes(floats.T)
+        return header + (s16() if s16 is not None else pcm16(_float_samples(samples)))
+    return header + _to_le_bytes(_float_samples(samples).T)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -821,10 +826,13 @@ class ServerState:
         if stream in self._streams:
             self._streams[stream].accepting = False
 
-    def audio(self, stream: int, samples: torch.Tensor | np.ndarray) -> bytes:
-        """The next audio message of ``stream`` for float ``samples`` ``[channels, n]`` (a PCM format)."""
+    def audio(
+        self, stream: int, samples: torch.Tensor | np.ndarray, s16: Callable[[], bytes] | None = None
+    ) -> bytes:
+        """The next audio message of ``stream`` for float ``samples`` ``[channels, n]`` (a PCM format);
+        ``s16`` as :func:`encode_audio` takes it."""
         state = self._streams[stream]
-        data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format)
+        data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format, s16)
         state.audio_seq += 1
         state.samples_out += int(samples.shape[1])
         return data

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 import torch
 
 from .errors import ConfigError, DTypeError, InputError, NonFiniteError, ShapeError, StreamEndedError
+from .io import pcm16
 from .planning import StreamPlanner, Window
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "MIN_PULL_WAIT_S",
     "FlushPolicy",
     "Job",
+    "S16Source",
     "SessionOptions",
     "StatefulSession",
     "StepJob",
@@ -116,6 +118,12 @@ class FlushPolicy:
         return max(flush_at - now, self.min_wait_s)
 
 
+class S16Source(Protocol):
+    """Audio that knows its own s16 form (an engine computes it once per device call)."""
+
+    def pcm16(self) -> bytes: ...
+
+
 @dataclass(frozen=True, eq=False)
 class Tile:
     """A slice of a stream's audio: ``samples`` is float32 ``[channels, frames * hop_size]`` on the CPU."""
@@ -124,10 +132,17 @@ class Tile:
     frames: int
     start_sample: int  # per channel
     samples: torch.Tensor
+    s16_source: S16Source | None = field(default=None, repr=False)  # the engine's, for pcm16()
 
     @property
     def end_sample(self) -> int:
         return self.start_sample + int(self.samples.shape[-1])
+
+    def pcm16(self) -> bytes:
+        """``samples`` as interleaved little-endian s16, as :func:`streamdec.io.pcm16` gives them."""
+        if self.s16_source is not None:
+            return self.s16_source.pcm16()
+        return pcm16(self.samples)
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,8 +157,13 @@ def all_finite(values: np.ndarray) -> bool:
     """Whether every element of a float16 or float32 array is finite. One float64 sum is finite exactly
     when every element is (such a sum cannot overflow), and costs a few microseconds against tens for an
     elementwise ``isfinite`` on a small array: it runs on every message of every stream."""
-    # np.add.reduce is what ndarray.sum calls, without its Python wrapper (a third of the cost here)
-    return not values.size or math.isfinite(np.add.reduce(values, axis=None, dtype=np.float64))
+    if not values.size:
+        return True
+    try:  # np.add.reduce is what ndarray.sum calls, without its Python wrapper (a third of the cost here)
+        total = np.add.reduce(values, axis=None, dtype=np.float64)
+    except RuntimeWarning:  # warnings as errors, and +Inf and -Inf summed to NaN ("invalid value")
+        return False
+    return math.isfinite(total)
 
 
 def first_non_finite_row(values: np.ndarray) -> int | None:
@@ -323,7 +343,9 @@ class _Intake:
         """No more chunks: every remaining frame becomes due. Idempotent."""
         self.ended = True
 
-    def _tile(self, emit_start: int, emit_end: int, audio: torch.Tensor) -> Tile:
+    def _tile(
+        self, emit_start: int, emit_end: int, audio: torch.Tensor, s16: S16Source | None = None
+    ) -> Tile:
         """The tile of frames ``emit_start .. emit_end``, checked: the audio's length, and tiles in order."""
         expected = (emit_end - emit_start) * self.hop_size
         if audio.dim() != 2 or audio.shape[-1] != expected:
@@ -333,7 +355,7 @@ class _Intake:
                 f"tile for frame {emit_start} completed out of order (next is {self.completed_frames})"
             )
         self.completed_frames = emit_end
-        return Tile(emit_start, emit_end - emit_start, emit_start * self.hop_size, audio)
+        return Tile(emit_start, emit_end - emit_start, emit_start * self.hop_size, audio, s16)
 
 
 class StreamSession(_Intake):
@@ -406,9 +428,9 @@ class StreamSession(_Intake):
             self._base = frame
 
     # -- output ------------------------------------------------------------------------------------
-    def complete(self, job: Job, audio: torch.Tensor) -> Tile:
+    def complete(self, job: Job, audio: torch.Tensor, s16: S16Source | None = None) -> Tile:
         """Turn the decoded emitted audio of ``job`` (``[channels, emit_frames * hop]``) into a Tile."""
-        return self._tile(job.window.emit_start, job.window.emit_end, audio)
+        return self._tile(job.window.emit_start, job.window.emit_end, audio, s16)
 
     def snapshot(self) -> dict[str, int | bool]:
         return {
@@ -573,9 +595,9 @@ class StatefulSession(_Intake):
         self.fed += frames
         return StepJob(kind, latents, start, start + emit)
 
-    def complete(self, job: StepJob, audio: torch.Tensor) -> Tile:
+    def complete(self, job: StepJob, audio: torch.Tensor, s16: S16Source | None = None) -> Tile:
         """Turn the decoded audio of ``job`` (``[channels, emit_frames * hop]``) into a Tile."""
-        return self._tile(job.emit_start, job.emit_end, audio)
+        return self._tile(job.emit_start, job.emit_end, audio, s16)
 
     def snapshot(self) -> dict[str, int | bool]:
         return {

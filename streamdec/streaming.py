@@ -27,7 +27,7 @@ import torch
 
 from .codecs import Codec
 from .codecs.stateful import StatefulNet, supports_stateful
-from .engine import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
+from .engine import DecodedAudio, Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
 from .errors import (
     ConcurrentIterationError,
     ConfigError,
@@ -359,27 +359,25 @@ class _StreamCore:
                 return
             session.feed(chunk)
 
-    def _engine_call(self, job: Job | StepJob) -> Coroutine[Any, Any, torch.Tensor]:
+    def _engine_call(self, job: Job | StepJob) -> Coroutine[Any, Any, DecodedAudio]:
         """The engine's coroutine that decodes ``job`` (not started)."""
         engine = self.decoder.engine
         if isinstance(job, Job):
             window = job.window
-            request = WindowRequest(
+            request: WindowRequest | StepRequest = WindowRequest(
                 self.stream_id, job.latents, window.emit_offset, window.emit_frames, self._deadline()
             )
-            return engine.decode_window(request)
-        if job.kind == "whole":  # a stream too short to prime: one window of its own length
+        elif job.kind == "whole":  # a stream too short to prime: one window of its own length
             request = WindowRequest(self.stream_id, job.latents, 0, job.emit_frames, self._deadline())
-            return engine.decode_window(request)
-        assert self.slot is not None
-        return engine.decode_step(
-            StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
-        )
+        else:
+            assert self.slot is not None
+            request = StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
+        return engine.decode_request(request)
 
     def _deadline(self) -> float:
         return self.session.deadline(time.monotonic())
 
-    def _tile(self, job: Job | StepJob, audio: torch.Tensor, began: float) -> Tile:
+    def _tile(self, job: Job | StepJob, audio: DecodedAudio, began: float) -> Tile:
         """The checked tile of a finished call; the session learns how long the call took."""
         now = time.monotonic()
         self.session.decoded(now - began)
@@ -390,10 +388,10 @@ class _StreamCore:
         self.decoder._stats.frames += tile.frames
         return tile
 
-    def _check_output(self, job: Job | StepJob, audio: torch.Tensor) -> None:
+    def _check_output(self, job: Job | StepJob, audio: DecodedAudio) -> None:
         # Runs whether or not the latents were checked: finite latents can still overflow inside the
         # codec, and NaN audio would play as silence or noise with no word of why.
-        if self.session.allow_non_finite or all_finite(audio.numpy()):
+        if self.session.allow_non_finite or audio.all_finite():
             return
         start, end = (
             (job.window.emit_start, job.window.emit_end)
@@ -402,12 +400,12 @@ class _StreamCore:
         )
         raise _overflow_error(f"frames {start}..{end}")
 
-    def _complete(self, job: Job | StepJob, audio: torch.Tensor) -> Tile:
+    def _complete(self, job: Job | StepJob, audio: DecodedAudio) -> Tile:
         if isinstance(self.session, StatefulSession):
             assert isinstance(job, StepJob)
-            return self.session.complete(job, audio)
+            return self.session.complete(job, audio.samples, audio)
         assert isinstance(job, Job)
-        return self.session.complete(job, audio)
+        return self.session.complete(job, audio.samples, audio)
 
     def __del__(self) -> None:
         # A stream dropped without being closed (a `break` outside `async with`) still gives back its
@@ -708,7 +706,7 @@ class _CallbackCall:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        coro: Coroutine[Any, Any, torch.Tensor],
+        coro: Coroutine[Any, Any, DecodedAudio],
         done: Callable[[Any, BaseException | None], None],
     ) -> None:
         self._loop, self._coro, self._done = loop, coro, done

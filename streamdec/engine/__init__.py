@@ -19,9 +19,11 @@ from ..codecs import Codec
 from ..errors import ConfigError
 from .base import Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .core import DecodeEngine
+from .output import DecodedAudio
 
 __all__ = [
     "DecodeEngine",
+    "DecodedAudio",
     "Engine",
     "EngineStats",
     "StepRequest",

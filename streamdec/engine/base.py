@@ -8,8 +8,8 @@ change what a stream hears, because each window already carries its full context
 Contract of :meth:`Engine.decode_window`:
 
 * ``request.latents`` is ``[window_frames, latent_dim]`` on the CPU, owned by the request.
-* The result is ``[channels, emit_frames * hop_size]`` float32 on the CPU, a fresh tensor that aliases no
-  engine buffer (the caller may keep it forever).
+* The result is ``[channels, emit_frames * hop_size]`` float32 on the CPU that aliases no engine buffer
+  (the caller may keep it forever; it may be a view of its device call's output, which it then keeps).
 * Cancelling the awaiting task withdraws the window: a queued window is never decoded, an in-flight one
   is decoded and its result dropped.
 * Decoding never runs on the event loop thread.
@@ -25,6 +25,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from ..errors import EngineError
+from .output import DecodedAudio
 
 __all__ = [
     "DeviceCall", "Engine", "EngineStats", "StepKind", "StepRequest", "WarmupReport", "WindowRequest",
@@ -144,6 +145,13 @@ class Engine(abc.ABC):
     async def decode_step(self, request: StepRequest) -> torch.Tensor:
         """Decode one stateful call and return its audio ``[channels, frames * hop]`` (see StepRequest)."""
         raise EngineError("this engine keeps no per-stream state: use mode='halo'")
+
+    async def decode_request(self, request: WindowRequest | StepRequest) -> DecodedAudio:
+        """:meth:`decode_window` or :meth:`decode_step`, with the audio's checks and s16 form at hand: an
+        engine that batches computes them once per device call (:mod:`.output`); this default, per request."""
+        if isinstance(request, StepRequest):
+            return DecodedAudio(await self.decode_step(request))
+        return DecodedAudio(await self.decode_window(request))
 
     def state_memory_bytes(self) -> int:
         """Device memory of the per-stream state this engine keeps (0 where it keeps none)."""

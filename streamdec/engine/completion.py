@@ -5,9 +5,10 @@ an event, all on the engine's stream, then hands an :class:`Inflight` to a compl
 completers, chosen by the engine's ``completion`` option (``scripts/bench_gpu.py`` measures both):
 
 * :class:`ThreadCompleter` - one thread blocks in ``event.synchronize()`` for each replay in launch order,
-  cuts each window's slice out of the pinned buffer (a fresh tensor, so nothing handed out aliases an
-  engine buffer) and resolves the futures with one ``call_soon_threadsafe`` per event loop, for that
-  replay and every later one already complete: a server's loop wakes once per batch of results.
+  turns the pinned buffer into the call's :class:`~.output.CallOutput` (one copy, so nothing handed out
+  aliases an engine buffer; each window's audio is a view of it) and resolves the futures with one
+  ``call_soon_threadsafe`` per event loop, for that replay and every later one already complete: a
+  server's loop wakes once per batch of results.
 * :class:`PollCompleter` - an asyncio task on the engine's loop checks ``event.query()`` for the oldest
   replay every ``interval`` seconds; no thread, but latency up to one interval and the loop does the cut.
 
@@ -27,17 +28,19 @@ from typing import Any
 
 import torch
 
+from .output import CallOutput, DecodedAudio
+
 __all__ = ["Completer", "Inflight", "PollCompleter", "ThreadCompleter", "Waiter"]
 
 #: results to hand to each event loop: (future, value) pairs
-_Deliveries = dict[asyncio.AbstractEventLoop, list[tuple["asyncio.Future[torch.Tensor]", torch.Tensor]]]
+_Deliveries = dict[asyncio.AbstractEventLoop, list[tuple["asyncio.Future[DecodedAudio]", DecodedAudio]]]
 
 
 @dataclass(eq=False)
 class Waiter:
     """One window awaiting its audio: where to put it and how to cut it out of the batch output."""
 
-    future: asyncio.Future[torch.Tensor]
+    future: asyncio.Future[DecodedAudio]
     loop: asyncio.AbstractEventLoop
     row: int  # row of the batch output
     lo: int  # first sample of the emitted slice, relative to the copied columns
@@ -48,7 +51,7 @@ class Waiter:
 class Inflight:
     """One launched device call: the output copy in ``host`` is valid once ``done`` has completed."""
 
-    host: torch.Tensor  # [rows, channels, samples] pinned (or plain on CPU), owned by this record
+    host: torch.Tensor  # [live rows, channels, samples] pinned (or plain on CPU), owned by this record
     waiters: list[Waiter]
     done: torch.cuda.Event | None  # None: already complete (CPU decode)
     began: torch.cuda.Event | None = None
@@ -67,19 +70,23 @@ class Inflight:
         return self.done is None or bool(self.done.query())  # type: ignore[no-untyped-call]
 
     def deliver(self) -> None:
-        """Cut every live waiter's slice (fresh tensors) and resolve its future on its own loop."""
+        """Hand every live waiter its part of the output and resolve its future on its own loop."""
         by_loop: _Deliveries = {}
         self.cut(by_loop)
         _resolve_on_loops(by_loop)
 
     def cut(self, by_loop: _Deliveries) -> None:
-        """Cut every live waiter's slice (fresh tensors) into ``by_loop``, the results for each loop."""
-        for w in self.waiters:
-            if w.future.cancelled():
-                continue  # withdrawn while in flight: decoded, dropped
-            out = self.host[w.row, :, w.lo : w.hi].clone()
-            by_loop.setdefault(w.loop, []).append((w.future, out))
-        self.host = torch.empty(0)  # release the pinned block back to the caching host allocator
+        """Each live waiter's part of the output (views of one :class:`CallOutput`) into ``by_loop``, the
+        results for each loop."""
+        live = [w for w in self.waiters if not w.future.cancelled()]  # withdrawn in flight: decoded, dropped
+        host, self.host = self.host, torch.empty(0)
+        if not live:
+            return
+        # One copy for the whole call: the engine may reuse its buffer, and a pinned one goes back to the
+        # caching host allocator now.
+        output = CallOutput(host.clone())
+        for w in live:
+            by_loop.setdefault(w.loop, []).append((w.future, output.part(w.row, w.lo, w.hi)))
 
     def fail(self, error: BaseException) -> None:
         for w in self.waiters:
@@ -206,12 +213,12 @@ def _resolve_on_loops(by_loop: _Deliveries) -> None:
         _call_soon(loop, _resolve_all, pairs)
 
 
-def _resolve_all(pairs: list[tuple[asyncio.Future[torch.Tensor], torch.Tensor]]) -> None:
+def _resolve_all(pairs: list[tuple[asyncio.Future[DecodedAudio], DecodedAudio]]) -> None:
     for future, value in pairs:
         if not future.done():
             future.set_result(value)
 
 
-def _fail(future: asyncio.Future[torch.Tensor], error: BaseException) -> None:
+def _fail(future: asyncio.Future[DecodedAudio], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

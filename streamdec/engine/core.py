@@ -55,6 +55,7 @@ from ..errors import ConfigError, EngineClosedError, EngineError, ShapeError
 from .base import DeviceCall, Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
 from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
+from .output import DecodedAudio
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
 from .simulated import SimulatedCost, SimulatedTier, call_seconds
 from .slots import SlotAllocator, StatePool
@@ -94,7 +95,7 @@ R = TypeVar("R")
 @dataclass(eq=False)
 class _Pending:
     request: WindowRequest | StepRequest
-    future: asyncio.Future[torch.Tensor]
+    future: asyncio.Future[DecodedAudio]
     loop: asyncio.AbstractEventLoop
 
 
@@ -353,12 +354,17 @@ class DecodeEngine(Engine):
     # -- requests ------------------------------------------------------------------------------------
 
     async def decode_window(self, request: WindowRequest) -> torch.Tensor:
-        self._check(request)
-        return await self._submit(request, request.window_frames, "window")
+        return (await self.decode_request(request)).samples
 
     async def decode_step(self, request: StepRequest) -> torch.Tensor:
-        self._check_step(request)
-        return await self._submit(request, request.frames, request.kind)
+        return (await self.decode_request(request)).samples
+
+    async def decode_request(self, request: WindowRequest | StepRequest) -> DecodedAudio:
+        if isinstance(request, StepRequest):
+            self._check_step(request)
+            return await self._submit(request, request.frames, request.kind)
+        self._check(request)
+        return await self._submit(request, request.window_frames, "window")
 
     def open_slot(self) -> int:
         if self._slots is None:
@@ -378,13 +384,13 @@ class DecodeEngine(Engine):
         with self._cond:
             return 0 if self._slots is None else self._slots.in_use
 
-    async def _submit(self, request: WindowRequest | StepRequest, frames: int, kind: str) -> torch.Tensor:
+    async def _submit(self, request: WindowRequest | StepRequest, frames: int, kind: str) -> DecodedAudio:
         if self._closed:
             raise EngineClosedError("decode after aclose(): the engine is closed")
         if self._thread is None:
             await self.start()
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[torch.Tensor] = loop.create_future()
+        future: asyncio.Future[DecodedAudio] = loop.create_future()
         with self._cond:
             if self._closed:
                 raise EngineClosedError("decode after aclose(): the engine is closed")
@@ -773,6 +779,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         loop.call_soon_threadsafe(fn, *args)
 
 
-def _fail(future: asyncio.Future[torch.Tensor], error: BaseException) -> None:
+def _fail(future: asyncio.Future[DecodedAudio], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

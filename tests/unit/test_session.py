@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from streamdec.errors import ConfigError, NonFiniteError, ShapeError
 from streamdec.planning import StreamPlanner
-from streamdec.session import StreamSession
+from streamdec.session import StreamSession, all_finite
 
 D = 4
 
@@ -124,3 +125,16 @@ def test_non_finite_latents_are_refused_unless_allowed_or_checked_already() -> N
         session = _session(**options)
         assert session.feed(chunk) == 3, options
         assert session.snapshot()["buffered"] == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "finite"),
+    [([1.0, -2.0], True), ([], True), ([1.0, float("nan")], False), ([float("inf"), 1.0], False),
+     ([float("inf"), float("-inf")], False), ([3e38, 3e38, -3e38], True)],
+)  # fmt: skip
+def test_all_finite_says_whether_every_element_is_even_when_the_sum_is_undefined(
+    values: list[float], finite: bool
+) -> None:
+    # +Inf and -Inf sum to NaN, which numpy reports as an invalid value: the answer is still False, and
+    # no warning escapes (this suite runs with warnings as errors)
+    assert all_finite(np.array(values, dtype=np.float32)) is finite

@@ -1,0 +1,89 @@
+"""What an engine call hands back: one block of audio per device call, each request's part a view of it.
+
+A device call decodes many streams' requests at once, and every one of its tiles needs the same two things
+before it can be sent: a check that its audio is finite, and (for most listeners) the audio in s16. Done
+per tile, each costs a few numpy calls on a few thousand samples, on the event loop, for every message of
+every stream. Done per call, each is one vectorised pass over the block:
+
+* :class:`CallOutput` owns a call's audio ``[rows, channels, samples]`` (one host copy per call, not one
+  per request). Which rows are finite is computed where the block is made, on the completer thread; the
+  block's s16 values when a tile first asks for them, for every row at once.
+* :class:`DecodedAudio` is one request's part: ``samples`` (a view of its row), :meth:`~DecodedAudio.all_finite`
+  and :meth:`~DecodedAudio.pcm16`, exactly what the per-tile functions give for those samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..io import pcm16, s16_values
+from ..session import all_finite
+
+__all__ = ["CallOutput", "DecodedAudio"]
+
+
+class CallOutput:
+    """One device call's audio for its live rows, ``[rows, channels, samples]`` float32 on the CPU, owned
+    (it aliases no engine buffer). Requests' :class:`DecodedAudio` are views of it."""
+
+    __slots__ = ("_rows", "_s16", "finite_rows", "samples")
+
+    def __init__(self, samples: torch.Tensor) -> None:
+        self.samples = samples
+        values = samples.numpy()
+        rows = int(values.shape[0])
+        # One float64 sum per row is finite exactly when every element of the row is (see all_finite);
+        # +Inf and -Inf in one row sum to NaN, which says the same.
+        with np.errstate(invalid="ignore"):
+            sums = np.add.reduce(values.reshape(rows, -1), axis=1, dtype=np.float64)
+        self.finite_rows: np.ndarray = np.isfinite(sums)
+        self._rows = samples.unbind(0)  # each row's view, made in one call
+        self._s16: np.ndarray | None = None
+
+    def part(self, row: int, lo: int, hi: int) -> DecodedAudio:
+        """Samples ``lo:hi`` of ``row`` (a view)."""
+        samples = self._rows[row]
+        if lo != 0 or hi != samples.shape[-1]:
+            samples = samples[:, lo:hi]
+        return DecodedAudio(samples, self, row, lo, hi)
+
+    def s16(self) -> np.ndarray:
+        """The whole block in s16 ``[rows, channels, samples]``, converted on first use."""
+        s16 = self._s16
+        if s16 is None:  # two loops may race here: both compute the same values, either is kept
+            # Rows that are not finite are converted too (to values nobody sends: their streams end).
+            with np.errstate(invalid="ignore"):
+                s16 = self._s16 = s16_values(self.samples.numpy())
+        return s16
+
+
+class DecodedAudio:
+    """One request's audio ``[channels, n]`` float32: ``samples``, and what its call computed once for all.
+
+    Built without a call (``DecodedAudio(samples)``, an engine that decodes requests one by one) it
+    computes both from ``samples``.
+    """
+
+    __slots__ = ("_call", "_hi", "_lo", "_row", "samples")
+
+    def __init__(
+        self, samples: torch.Tensor, call: CallOutput | None = None, row: int = 0, lo: int = 0, hi: int = 0
+    ) -> None:
+        self.samples = samples
+        self._call, self._row, self._lo, self._hi = call, row, lo, hi
+
+    def all_finite(self) -> bool:
+        """Whether every sample is finite (a row that is not is checked again over this part alone)."""
+        call = self._call
+        if call is not None and call.finite_rows[self._row]:
+            return True
+        with np.errstate(invalid="ignore"):  # +Inf and -Inf sum to NaN: not finite, nothing to warn of
+            return all_finite(self.samples.numpy())
+
+    def pcm16(self) -> bytes:
+        """Interleaved little-endian s16, as :func:`streamdec.io.pcm16` of ``samples``."""
+        call = self._call
+        if call is None:
+            return pcm16(self.samples)
+        return call.s16()[self._row, :, self._lo : self._hi].T.tobytes()
