@@ -362,14 +362,35 @@ async def test_cpu_engine_cancel_frees_slot() -> None:
     await engine.aclose()
 
 
-async def test_cpu_engine_results_are_fresh_tensors() -> None:
-    """Two results of one batch share no storage."""
+async def test_cpu_engine_results_are_independent_of_each_other_and_of_the_engine() -> None:
+    """Two results of one batch are views of that call's own output block: writing to one changes
+    neither the other nor anything the engine decodes next."""
     codec = FakeCodec()
     engine = DecodeEngine(codec)  # type: ignore[arg-type]
     await engine.start()
-    a, b = await asyncio.gather(engine.decode_window(_request(12, 1)), engine.decode_window(_request(12, 2)))
-    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
-    assert a.untyped_storage().nbytes() == a.numel() * 4
+    r1, r2 = _request(12, 1), _request(12, 2)
+    a, b = await asyncio.gather(engine.decode_window(r1), engine.decode_window(r2))
+    a.fill_(7.0)
+    torch.testing.assert_close(b, _expected(codec, r2), rtol=1e-5, atol=1e-5)
+    again = await engine.decode_window(_request(12, 1))
+    torch.testing.assert_close(again, _expected(codec, r1), rtol=1e-5, atol=1e-5)
+    await engine.aclose()
+
+
+async def test_cpu_engine_stages_latents_of_any_float_dtype_as_float32() -> None:
+    """Windows in float16 or float64 decode as their float32 values would (the staging casts)."""
+    codec = FakeCodec()
+    engine = DecodeEngine(codec)  # type: ignore[arg-type]
+    await engine.start()
+    base = [_request(12, i) for i in range(3)]
+    mixed = [
+        WindowRequest(r.stream_id, r.latents.to(dtype), r.emit_offset, r.emit_frames, r.deadline)
+        for r, dtype in zip(base, (torch.float16, torch.float64, torch.float32), strict=True)
+    ]
+    outs = await asyncio.gather(*(engine.decode_window(r) for r in mixed))
+    for r, out in zip(mixed, outs, strict=True):
+        as_f32 = WindowRequest(r.stream_id, r.latents.float(), r.emit_offset, r.emit_frames, r.deadline)
+        torch.testing.assert_close(out, _expected(codec, as_f32), rtol=1e-5, atol=1e-5)
     await engine.aclose()
 
 
