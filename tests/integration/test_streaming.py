@@ -109,6 +109,20 @@ async def test_concurrent_streams_on_one_decoder(codec: streamdec.Codec) -> None
         torch.testing.assert_close(_stitch(tiles), reference, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("mode", ["stateful", "halo"])
+async def test_each_tiles_s16_is_its_own_samples_in_s16(codec: streamdec.Codec, mode: str) -> None:
+    """Tiles of concurrent streams share device calls; each tile's pcm16() (its call's block converted
+    once) is exactly io.pcm16 of its own samples, and its samples are exact against the whole clip."""
+    from streamdec.io import pcm16
+
+    clips = [_clip(codec, n, seed) for n, seed in [(40, 20), (27, 21), (52, 22)]]
+    async with streamdec.StreamDecoder(codec, mode=mode, min_emit=2, max_emit=8) as dec:
+        results = await asyncio.gather(*(_collect(dec, _split(lat, [3] * 20)) for lat, _ in clips))
+    for tiles, (_, reference) in zip(results, clips, strict=True):
+        assert all(tile.pcm16() == pcm16(tile.samples) for tile in tiles)
+        torch.testing.assert_close(_stitch(tiles), reference, atol=1e-5, rtol=0)
+
+
 async def test_first_tile_is_min_emit_frames(codec: streamdec.Codec) -> None:
     """Frames arriving one at a time: the first tile holds min_emit frames, later ones grow."""
     latents, _ = _clip(codec, 97, 0)
