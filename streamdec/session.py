@@ -139,7 +139,9 @@ class Tile:
         return self.start_sample + int(self.samples.shape[-1])
 
     def pcm16(self) -> bytes:
-        """``samples`` as interleaved little-endian s16, as :func:`streamdec.io.pcm16` gives them."""
+        """``samples`` as interleaved little-endian s16, as :func:`streamdec.io.pcm16` gives them: of the
+        audio as decoded (the engine may have converted its whole call before this tile was handed out,
+        so changes made to ``samples`` in place do not show here)."""
         if self.s16_source is not None:
             return self.s16_source.pcm16()
         return pcm16(self.samples)
