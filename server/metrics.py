@@ -9,12 +9,13 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
+from streamdec.engine import EngineStats
 from streamdec.protocol import ErrorCode
 from streamdec.streaming import DecoderStats
 
 from .placement import DeviceLoad
 
-__all__ = ["Histogram", "ServerMetrics", "render_device_loads"]
+__all__ = ["Histogram", "ServerMetrics", "render_device_loads", "render_engine"]
 
 # Seconds; first audio is tens of ms on a GPU and up to seconds on a loaded CPU.
 _TTFA_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -170,15 +171,6 @@ class ServerMetrics:
             self.ttfa.lines("streamdec_time_to_first_audio_seconds"),
         )
         metric(
-            "streamdec_window_decode_seconds",
-            "summary",
-            "Decode wall time per window (sum and count).",
-            [
-                f"streamdec_window_decode_seconds_sum {engine.decode_seconds:.6f}",
-                f"streamdec_window_decode_seconds_count {engine.windows}",
-            ],
-        )
-        metric(
             "streamdec_audio_seconds_total",
             "counter",
             "Audio sent, in seconds per channel.",
@@ -190,13 +182,25 @@ class ServerMetrics:
             "Decode seconds per second of audio decoded since start (below 1 is faster than real time).",
             [f"streamdec_realtime_factor {rtf:.6f}"],
         )
-        metric(
-            "streamdec_engine_queued_windows",
-            "gauge",
-            "Windows waiting for the engine.",
-            [f"streamdec_engine_queued_windows {engine.queued}"],
-        )
-        return "\n".join(out) + "\n"
+        return "\n".join(out) + "\n" + render_engine(engine)
+
+
+def render_engine(engine: EngineStats) -> str:
+    """The engine's counters as Prometheus text: ``/metrics`` carries them, and so does the load test's
+    in-process decoder target, so both report how busy the device was and how full its calls."""
+    return "\n".join([
+        "# HELP streamdec_window_decode_seconds Device time of the engine's calls (sum), and the windows "
+        "and stateful calls they decoded (count).",
+        "# TYPE streamdec_window_decode_seconds summary",
+        f"streamdec_window_decode_seconds_sum {engine.decode_seconds:.6f}",
+        f"streamdec_window_decode_seconds_count {engine.windows}",
+        "# HELP streamdec_engine_calls_total Device calls the engine made (each decodes a batch).",
+        "# TYPE streamdec_engine_calls_total counter",
+        f"streamdec_engine_calls_total {engine.decodes}",
+        "# HELP streamdec_engine_queued_windows Windows and stateful calls waiting for the engine.",
+        "# TYPE streamdec_engine_queued_windows gauge",
+        f"streamdec_engine_queued_windows {engine.queued}",
+    ]) + "\n"  # fmt: skip
 
 
 def render_device_loads(loads: list[DeviceLoad]) -> str:

@@ -125,6 +125,7 @@ async def _one(
 
 async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
     from streamdec.server.looplag import LoopLagMonitor
+    from streamdec.server.metrics import render_engine
 
     decoder = await _build(options)
     lag = LoopLagMonitor.start()
@@ -143,7 +144,7 @@ async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
     while True:
         message = await loop.run_in_executor(None, pipe.recv)
         if message[0] == "metrics":
-            pipe.send(("metrics", lag.render()))
+            pipe.send(("metrics", lag.render() + render_engine(decoder.stats.engine)))
             continue
         if message[0] != "run":
             break

@@ -210,7 +210,12 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
     def per_s(name: str) -> float | None:
         return round((m1[name] - m0.get(name, 0.0)) / wall, 1) if name in m1 else None
 
+    def delta(name: str) -> float | None:
+        return m1[name] - m0.get(name, 0.0) if name in m1 else None
+
     cpu = None if after.cpu_s is None or before.cpu_s is None else after.cpu_s - before.cpu_s
+    device_s, calls = delta("streamdec_window_decode_seconds_sum"), delta("streamdec_engine_calls_total")
+    requests = delta("streamdec_window_decode_seconds_count")
     return {
         "wall_s": round(wall, 3),
         "cpu_s": None if cpu is None else round(cpu, 3),
@@ -219,6 +224,9 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
         "bytes_in_per_s": per_s("streamdec_received_bytes_total"),
         "bytes_out_per_s": per_s("streamdec_sent_bytes_total"),
         "loop_lag_ms": loop_lag_ms(m0, m1, _LAG),
+        # the engine's device time over the run's wall time, and windows or stateful calls per device call
+        "engine_busy": None if device_s is None else round(device_s / wall, 3),
+        "engine_mean_batch": None if not calls or requests is None else round(requests / calls, 1),
     }
 
 
@@ -512,7 +520,8 @@ def sweep(
         print(
             f"loadtest: {n} streams (run {point['repeat'] + 1}): p99 TTFA {point['ttfa_decodable_ms']['p99']} ms "
             f"after decodable, {point['underruns']} underruns, server {point['server']['cpu_cores']} cores, "
-            f"loop lag p99 {point['server']['loop_lag_ms']['p99']} ms: {status}",
+            f"loop lag p99 {point['server']['loop_lag_ms']['p99']} ms, engine busy "
+            f"{point['server']['engine_busy']}, mean batch {point['server']['engine_mean_batch']}: {status}",
             flush=True,
         )
     return points, runs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -55,7 +56,35 @@ def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
     assert server["cpu_s"] > 0 and server["cpu_s_per_stream_s"] > 0
     assert server["bytes_in_per_s"] > 0 and server["bytes_out_per_s"] > 0
     assert server["loop_lag_ms"]["p99"] is not None and server["loop_lag_ms"]["max"] is not None
+    # the modelled device took 1 ms a call at least: busy a little, never more than the wall time
+    assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
     assert run["messages_per_s"]["latents_in"] > 0 and run["messages_per_s"]["audio_out"] > 0
+
+
+def test_decoder_target_runs_the_same_streams_into_one_streamdecoder(tmp_path: Path) -> None:
+    """--target decoder: the same streams, checks and figures, in a decoder process of its own."""
+    done, result = _loadtest(tmp_path, "--target", "decoder", "--streams", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert result["server"]["target"] == "decoder" and result["server"]["options"]["slots"] == 3
+    (run,) = result["runs"]
+    assert run["holds"] and run["sample_problems"] == 0 and run["reference"]["ok"]
+    server = run["server"]
+    assert server["cpu_s"] > 0 and server["loop_lag_ms"]["p99"] is not None
+    assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
+
+
+@pytest.mark.parametrize("engine", ["auto", "simulated"])
+async def test_the_decoder_target_has_a_slot_for_every_stream_of_the_sweep(engine: str) -> None:
+    """Built as serve builds it for --max-streams-total N: N stateful slots, not the decoder's default
+    (64), which refused every stream past it."""
+    from streamdec.bench.loaddecoder import DecoderOptions, _build
+
+    decoder = await _build(DecoderOptions("tiny", "cpu", engine, "0,0", "auto", 4, 64, None, slots=70))
+    try:
+        assert decoder.max_streams == 70
+    finally:
+        await decoder.aclose()
+        gc.unfreeze()  # _build froze the heap, as serve does after warm-up: not for the rest of the suite
 
 
 def test_loadtest_opens_more_connections_than_one_client_address_may(tmp_path: Path) -> None:
