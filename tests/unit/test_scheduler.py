@@ -331,6 +331,12 @@ async def test_engine_keeps_a_record_of_its_device_calls() -> None:
     assert engine.recent_calls() == []
     requests = [_request(12, i, deadline=10.0 + i) for i in range(5)]
     await asyncio.gather(*(engine.decode_window(r) for r in requests))
+    # The completion thread records a call right after handing its results over: the awaiting loop may
+    # resume first.
+    for _ in range(500):
+        if len(engine.recent_calls()) == engine.stats.decodes:
+            break
+        await asyncio.sleep(0.002)
     calls = engine.recent_calls()
     assert len(calls) == engine.stats.decodes >= 1
     assert sum(c.live for c in calls) == 5
