@@ -39,12 +39,14 @@ def test_break_without_async_with_frees_the_stream(codec: streamdec.Codec, mode:
 def test_two_consumers_of_one_stream_are_refused(codec: streamdec.Codec, mode: str) -> None:
     """A second task iterating the same stream gets ConcurrentIterationError, the first keeps going."""
 
-    async def slow() -> object:
-        yield torch.randn(12, 64)
-        await asyncio.sleep(0.2)
-        yield torch.randn(12, 64)
-
     async def run() -> None:
+        refused = asyncio.Event()
+
+        async def slow() -> object:
+            await refused.wait()  # the first consumer waits in here until the second was refused
+            yield torch.randn(12, 64)
+            yield torch.randn(12, 64)
+
         async with streamdec.StreamDecoder(codec, mode=mode) as dec:  # type: ignore[arg-type]
             tiles = dec.decode_tiles(slow())
             async with tiles:
@@ -52,6 +54,7 @@ def test_two_consumers_of_one_stream_are_refused(codec: streamdec.Codec, mode: s
                 await asyncio.sleep(0.05)
                 with pytest.raises(ConcurrentIterationError, match="one consumer"):
                     await anext(tiles)
+                refused.set()
                 await first
 
     asyncio.run(run())
