@@ -51,7 +51,7 @@ class DecoderRun:
 
 
 async def _build(options: DecoderOptions) -> Any:
-    from streamdec import StreamDecoder, load_codec
+    from streamdec import StreamDecoder, load_codec, supports_stateful
     from streamdec.codecs.precision import check_precision
 
     codec = load_codec(options.codec, device=options.device)
@@ -59,18 +59,16 @@ async def _build(options: DecoderOptions) -> Any:
         codec.use_auto_precision()
     else:
         codec.precision = check_precision(options.precision)
+    stateful = supports_stateful(codec)
     extra: dict[str, Any] = {}
     if options.engine == "simulated":
-        from streamdec import supports_stateful
         from streamdec.engine.simulated import DEFAULT_SIMULATED_SLOTS, SimulatedCost, simulated_engine
 
-        slots = (options.slots or DEFAULT_SIMULATED_SLOTS) if supports_stateful(codec) else 0
+        slots = (options.slots or DEFAULT_SIMULATED_SLOTS) if stateful else 0
         cost = SimulatedCost.parse(options.simulated_cost_ms)
         extra["engine"] = simulated_engine(codec, cost=cost, max_streams=slots)
     else:
-        from streamdec import supports_stateful
-
-        if options.slots is not None and supports_stateful(codec):
+        if options.slots is not None and stateful:
             extra.update(max_streams=options.slots)
         if codec.pad_latent.device.type == "cuda":  # as serve: warm every bucket, then never capture again
             extra.update(on_frozen_miss="eager")

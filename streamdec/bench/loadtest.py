@@ -207,11 +207,12 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
     wall = after.at - before.at
     m0, m1 = before.metrics, after.metrics
 
-    def per_s(name: str) -> float | None:
-        return round((m1[name] - m0.get(name, 0.0)) / wall, 1) if name in m1 else None
-
     def delta(name: str) -> float | None:
         return m1[name] - m0.get(name, 0.0) if name in m1 else None
+
+    def per_s(name: str) -> float | None:
+        change = delta(name)
+        return None if change is None else round(change / wall, 1)
 
     cpu = None if after.cpu_s is None or before.cpu_s is None else after.cpu_s - before.cpu_s
     device_s, calls = delta("streamdec_window_decode_seconds_sum"), delta("streamdec_engine_calls_total")
