@@ -1,8 +1,10 @@
 """Where a process's threads spent their CPU, from a py-spy raw profile: per thread, the share of busy samples
 each function took itself and with what it called.
 
-Samples whose innermost frame is a wait (``select``, a condition, a queue, an event, a sleep) count as idle
-and are left out of the shares, so a table reads as "of the time this thread was working". Record with
+Samples whose innermost frame is a wait (``select``, a condition, an event, a CUDA event, a sleep) count
+as idle and are left out of the shares, so a table reads as "of the time this thread was working". A
+thread blocked inside a C call made straight from its own code (``queue.SimpleQueue.get``) shows no such
+frame and counts as busy in the calling function. Record with
 
     py-spy record --pid PID --duration 12 --rate 250 --format raw --threads --output serve.raw
     python scripts/pyspy_table.py serve.raw --top 25 > serve.txt
@@ -19,7 +21,6 @@ from pathlib import Path
 _WAITS = (
     "select (selectors",
     "Condition.wait",
-    "SimpleQueue",
     "Event.wait",
     "Event.synchronize",  # a CUDA event: the GPU is working
     "wait (threading",
@@ -51,14 +52,13 @@ def read(path: Path) -> dict[str, _Thread]:
         frames = stack.split(";")
         thread = threads.setdefault(frames[0], _Thread())
         n = int(count)
-        if any(wait in frames[-1] for wait in _WAITS) or frames[-1].startswith(
-            "_run (streamdec/engine/completion"
-        ):
+        if any(wait in frames[-1] for wait in _WAITS):
             thread.idle += n
             continue
         thread.busy += n
         thread.own[_name(frames[-1])] += n
-        for name in {_name(f) for f in frames[1:]}:  # a recursive function counts once per sample
+        # a recursive function counts once per sample; first seen first, so ties print in one order
+        for name in dict.fromkeys(_name(f) for f in frames[1:]):
             thread.inclusive[name] += n
     return threads
 
