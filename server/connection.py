@@ -640,8 +640,8 @@ class Connection:
         if stream.opus is not None:
             self._encode(stream, partial(self._send_opus, stream, samples))
             return False  # paused until the encoder's worker thread is done
-        # numpy from here on; s16 from the tile, which converts its whole device call at once
-        return self._offer_audio(stream, self.state.audio(stream.id, samples.numpy(), tile.pcm16))
+        # s16 from the tile, which converts its whole device call at once; floats (pcm_f32le) as numpy
+        return self._offer_audio(stream, self.state.audio(stream.id, samples, tile.pcm16))
 
     def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:
         """``stream`` ended by itself: every tile went out (failure None), or bad input or the engine
