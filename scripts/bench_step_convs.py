@@ -12,6 +12,12 @@ one CUDA graph, replays timed with CUDA events after a warm-up, median of ``--re
 best launch of each call, so the gain a better planner could make shows::
 
     python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
+
+``--pipelined`` also times each call with the pipelined Gluon kernel at the same launch and checks that it
+gives the Triton kernel's bits; ``--whole 16x70 1x70`` adds the calls of whole-clip decodes; ``--tiles``
+with no value skips the launch sweep::
+
+    python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --pipelined
 """
 
 from __future__ import annotations
@@ -95,15 +101,18 @@ def describe(call: Call) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def measure(call: Call, tiles: list[Tiles], reps: int) -> dict[str, Any]:
+def measure(call: Call, tiles: list[Tiles], reps: int, pipelined: bool = False) -> dict[str, Any]:
     args, kwargs = call
 
     def run(**launch: Any) -> Tensor:
         return t16.conv1d_f16x3(*args, **kwargs, **launch)
 
-    default = run()
+    default = run(pipelined=False)
     row = describe(call)
-    row["ms"] = graph_ms(run, reps=reps)
+    row["ms"] = graph_ms(lambda: run(pipelined=False), reps=reps)
+    if pipelined:  # the Gluon kernel at the same launch, beside the Triton one
+        row["pipelined_bits_equal"] = bool(torch.equal(run(pipelined=True), default))
+        row["pipelined_ms"] = graph_ms(lambda: run(pipelined=True), reps=reps)
     variants = []
     for tile in tiles:
         for pack in (True, False):
@@ -136,6 +145,13 @@ def main() -> None:
         help="launch shapes to time besides the default: block_m,block_n,warps,stages",
     )  # fmt: skip
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument(
+        "--pipelined", action="store_true",
+        help="also time every call with the pipelined Gluon kernel (same launch) and check its bits",
+    )  # fmt: skip
+    ap.add_argument(
+        "--whole", nargs="*", default=[], help="whole-clip decodes to record as well, batch x frames (16x70)"
+    )
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", default="step-convs.json")
     args = ap.parse_args()
@@ -156,19 +172,28 @@ def main() -> None:
             torch.arange(slots, device="cuda"),
             torch.randn(slots, net.min_prime_frames + 4, codec.latent_dim, device="cuda", generator=gen),
         )
+        workloads = []
         for batch, frames in buckets:
             index = torch.randperm(slots, device="cuda", generator=gen)[:batch]
             z = torch.randn(batch, frames, codec.latent_dim, device="cuda", generator=gen)
-            calls = record_calls(functools.partial(pool.step, index, z))
+            workloads.append((f"{batch}x{frames}", functools.partial(pool.step, index, z)))
+        for batch, frames in (parse_bucket(w) for w in args.whole):
+            z = torch.randn(batch, frames, codec.latent_dim, device="cuda", generator=gen)
+            workloads.append((f"whole {batch}x{frames}", functools.partial(codec.decode, z)))
+        for name, work in workloads:
             rows = []
-            for call, count in calls:
-                row = {"count": count, **measure(call, tiles, args.reps)}
+            for call, count in record_calls(work):
+                row = {"count": count, **measure(call, tiles, args.reps, args.pipelined)}
                 rows.append(row)
                 best = row["best"]
+                pipelined = (
+                    f" pipelined {row['pipelined_ms']:.4f} ms bits_equal={row['pipelined_bits_equal']}"
+                    if args.pipelined else ""
+                )  # fmt: skip
                 print(
-                    f"{batch}x{frames} x{row['x']} w{row['w']} d={row['dil']} p={row['phases']} n={count} "
+                    f"{name} x{row['x']} w{row['w']} d={row['dil']} p={row['phases']} n={count} "
                     f"default {row['ms']:.4f} ms ({row['default']['block_m']}x{row['default']['block_n']}"
-                    f" rows={row['default']['rows']} split={row['default']['split']}) best "
+                    f" rows={row['default']['rows']} split={row['default']['split']}){pipelined} best "
                     f"{best and round(best['ms'], 4)} {best and (best['tiles'], best['pack'], best['split'])} "
                     f"bits_equal={all(v.get('bits_equal', True) for v in row['variants'])}",
                     flush=True,
@@ -176,13 +201,18 @@ def main() -> None:
                 torch.cuda.empty_cache()
             default_ms = sum(r["ms"] * r["count"] for r in rows)
             best_ms = sum(min(r["ms"], r["best"]["ms"] if r["best"] else r["ms"]) * r["count"] for r in rows)
-            out.result["buckets"].append({
-                "bucket": f"{batch}x{frames}", "calls": sum(r["count"] for r in rows), "distinct": len(rows),
+            summary = {
+                "bucket": name, "calls": sum(r["count"] for r in rows), "distinct": len(rows),
                 "default_ms": default_ms, "best_per_call_ms": best_ms, "layers": rows,
-            })  # fmt: skip
+            }  # fmt: skip
+            line = f"{name}: convolutions {default_ms:.2f} ms at the default launches, {best_ms:.2f} at each call's best"
+            if args.pipelined:
+                summary["pipelined_ms"] = sum(r["pipelined_ms"] * r["count"] for r in rows)
+                summary["pipelined_bits_equal"] = all(r["pipelined_bits_equal"] for r in rows)
+                line += f"; pipelined {summary['pipelined_ms']:.2f} ms, same bits: {summary['pipelined_bits_equal']}"
+            out.result["buckets"].append(summary)
             out.save()
-            print(f"{batch}x{frames}: convolutions {default_ms:.2f} ms at the default launches, "
-                  f"{best_ms:.2f} at each call's best", flush=True)  # fmt: skip
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ __all__ = [
     "NO_GRAPHS",
     "PACK_SHORT_ROWS",
     "PARALLEL_COMPILE",
+    "PIPELINED_CONV",
     "REQUIRE_REF",
     "SETTINGS",
     "TOKEN",
@@ -131,6 +132,13 @@ PACK_SHORT_ROWS = _switch(
     "Pack several short rows (a stateful step's few dozen samples) into one program of the float16 split "
     "convolution and the fused activation; off, every row gets programs of its own, as whole clips do. "
     "Results are bit-identical either way; the switch exists to measure the difference.",
+)  # fmt: skip
+PIPELINED_CONV = _switch(
+    "STREAMDEC_PIPELINED_CONV", False, "import",
+    "Run the `fp16x3` split convolution as the Gluon kernel that keeps one step's tensor-core products in "
+    "flight while it adds the step before, instead of the Triton kernel that waits for each step. Results "
+    "are bit-identical either way; on an H200 it is slower in all but the packed 64 x 64 launches "
+    "(docs/kernels.md), so it is off by default.",
 )  # fmt: skip
 PARALLEL_COMPILE = _switch(
     "STREAMDEC_PARALLEL_COMPILE", True, "engine",

@@ -29,6 +29,8 @@ residual may lie in two parts (:func:`_residual_tile`), as a stateful step's del
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -38,7 +40,7 @@ from streamdec.errors import ShapeError
 from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.conv import check_residual_parts, joined_residual
-from streamdec.kernels.f16_launch import Tiles, plan
+from streamdec.kernels.f16_launch import Launch, Tiles, plan
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
 # A residual in two parts (see :func:`_residual_tile`): its strides and the first part's length, runtime values.
@@ -447,6 +449,7 @@ def conv1d_f16x3(
     pack: bool | None = None,
     products: int = 3,
     residual_head: torch.Tensor | None = None,
+    pipelined: bool | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
@@ -466,6 +469,10 @@ def conv1d_f16x3(
 
     ``products=1`` multiplies the heads only (the opt-in ``"fp16"`` precision: ``x_lo`` and ``w_lo``
     are never read, the products accumulate in the tensor cores).
+
+    ``pipelined`` (default :data:`streamdec.kernels.sizing.PIPELINED_CONV`) runs three products through
+    :mod:`streamdec.kernels._gluon_conv_f16`, which keeps a step's products in flight while it adds the
+    previous step's: the same bits.
     """
     if products not in (1, 3):
         raise ShapeError(f"conv1d_f16x3 takes products=3 (split) or 1 (heads only), got {products}")
@@ -499,14 +506,6 @@ def conv1d_f16x3(
     )  # fmt: skip
     if residual_head is not None and not _parts_addressable(residual_head, residual, cout, launch.rows):
         residual, residual_head = joined_residual(residual_head, residual), None
-    w_box = [launch.block_m, launch.block_k]
-    if launch.rows > 1:  # short rows packed: 3-D boxes, each row zero-filled past its own end
-        x_box = [launch.rows, launch.block_n // launch.rows, launch.block_k]
-        x_descs = [TensorDescriptor(x, [batch, tin, cp], [tin * cp, cp, 1], x_box) for x in (x_hi, x_lo)]
-    else:
-        x_box = [launch.block_n, launch.block_k]
-        x_descs = [TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo)]
-    w_descs = [TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo)]
     bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
     res_arg, tail_arg, res_sizes = _residual_args(residual_head, residual, y)
     out = (
@@ -514,37 +513,26 @@ def conv1d_f16x3(
         if launch.split
         else y
     )
-    _conv1d_f16x3_kernel[launch.grid](
-        *x_descs,
-        *w_descs,
-        x_inv,
-        w_inv,
-        bias_arg,
-        res_arg,
-        tail_arg,
-        out,
-        batch,
-        cp,
-        cout,
-        tin,
-        tout,
-        dilation,
-        launch.chunk_steps,
-        launch.chunks,
-        ksize,
-        *res_sizes,
-        HAS_RES=residual is not None or residual_head is not None,
-        RES_PARTS=residual_head is not None,
-        HAS_BIAS=bias is not None,
-        SPLIT=launch.split,
-        BLOCK_M=launch.block_m,
-        BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k,
-        ROWS=launch.rows,
-        PRODUCTS=products,
-        num_warps=launch.warps,
-        num_stages=launch.stages,
-    )
+    pointers = (x_inv, w_inv, bias_arg, res_arg, tail_arg, out)
+    sizes = (batch, cp, cout, tin, tout, dilation, launch.chunk_steps, launch.chunks, ksize, *res_sizes)
+    flags = {
+        "HAS_RES": residual is not None or residual_head is not None, "RES_PARTS": residual_head is not None,
+        "HAS_BIAS": bias is not None, "SPLIT": launch.split, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
+        "BLOCK_K": launch.block_k, "ROWS": launch.rows,
+    }  # fmt: skip
+    if products == 3 and (sizing.PIPELINED_CONV if pipelined is None else pipelined):
+        from streamdec.kernels._gluon_conv_f16 import gluon_descriptor, launch_gluon_conv
+
+        descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, gluon_descriptor)
+        launch_gluon_conv(
+            launch.grid, descs, pointers, sizes, stages=launch.stages, warps=launch.warps, **flags
+        )
+    else:
+        descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, TensorDescriptor)
+        _conv1d_f16x3_kernel[launch.grid](
+            *descs, *pointers, *sizes, **flags, PRODUCTS=products, num_warps=launch.warps,
+            num_stages=launch.stages,
+        )  # fmt: skip
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
             out, x_inv, w_inv, bias_arg, res_arg, tail_arg, y, batch * cout * tout, cout, tout, launch.chunks,
@@ -552,6 +540,24 @@ def conv1d_f16x3(
             RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
     return y
+
+
+def _operand_descriptors(
+    x_hi: torch.Tensor, x_lo: torch.Tensor, w_hi: torch.Tensor, w_lo: torch.Tensor, launch: Launch, make: Any
+) -> tuple[Any, Any, Any, Any]:
+    """TMA descriptors of the four operands for ``launch``, made by ``make(tensor, shape, strides, box)``:
+    ``(x_hi, x_lo, w_hi, w_lo)``."""
+    batch, tin, cp = x_hi.shape
+    ksize, cout, _ = w_hi.shape
+    w_box = [launch.block_m, launch.block_k]
+    if launch.rows > 1:  # short rows packed: 3-D boxes, each row zero-filled past its own end
+        x_box = [launch.rows, launch.block_n // launch.rows, launch.block_k]
+        xh, xl = (make(x, [batch, tin, cp], [tin * cp, cp, 1], x_box) for x in (x_hi, x_lo))
+    else:
+        x_box = [launch.block_n, launch.block_k]
+        xh, xl = (make(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo))
+    wh, wl = (make(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo))
+    return xh, xl, wh, wl
 
 
 def _parts_addressable(head: torch.Tensor, tail: torch.Tensor | None, cout: int, rows: int) -> bool:

@@ -10,6 +10,7 @@ __all__ = [
     "DOT_MIN_EXTENT",
     "INTERPRETER_SMS",
     "PACK_SHORT_ROWS",
+    "PIPELINED_CONV",
     "WARPGROUP_ROWS",
     "activation_packs_rows",
     "pow2_block",
@@ -18,6 +19,9 @@ __all__ = [
 # Whether the float16 convolution and the fused activation pack several short rows into one program
 # (``STREAMDEC_PACK_SHORT_ROWS``). Read once at import: captured graphs trace the launches.
 PACK_SHORT_ROWS = settings.PACK_SHORT_ROWS.value()
+# Whether ``fp16x3`` convolutions run the pipelined Gluon kernel (``STREAMDEC_PIPELINED_CONV``); read once
+# at import, as above.
+PIPELINED_CONV = settings.PIPELINED_CONV.value()
 
 # The fused activation: outputs per lane, and the fewest lanes a one-row program has (a warp); rows that
 # need fewer are packed several to a program.

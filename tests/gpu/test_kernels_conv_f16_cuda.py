@@ -282,3 +282,42 @@ def test_a_residual_in_two_parts_is_read_where_it_lies(kept: int, tout: int, spl
         whole = tc.conv1d_f16x3(*args, split=split, residual=joined)
         parts = tc.conv1d_f16x3(*args, split=split, residual=tail, residual_head=head)
     assert torch.equal(parts, whole)
+
+
+# Launch families of the pipelined kernel: packed step rows (64 x 64 and 128 x 128 tiles), one row a program
+# with several chunks (kept in the output tile between them), 64 x 128 tiles of a small layer, and one row.
+PIPELINED_CASES = [
+    (256, 768, 11, 1, 20),  # packed, 3 chunks, split or not as the planner says
+    (512, 768, 11, 1, 20),
+    (256, 384, 7, 3, 80),
+    (16, 768, 11, 5, 350),  # one row a program, 3 chunks in one program
+    (256, 96, 11, 1, 480),  # 64 x 128 tiles, 32 channels a step
+    (1, 192, 7, 1, 4200),
+    (3, 768, 3, 1, 5),
+]
+
+
+@pytest.mark.parametrize(("batch", "channels", "ksize", "dilation", "tout"), PIPELINED_CASES)
+@pytest.mark.parametrize("split", [None, False, True])
+def test_pipelined_kernel_gives_the_triton_kernels_bits(
+    batch: int, channels: int, ksize: int, dilation: int, tout: int, split: bool | None
+) -> None:
+    """The Gluon kernel that keeps a step's products in flight (``pipelined=True``) gives the Triton
+    kernel's bits at the same launch: with a bias, a residual, a residual in two parts, and split-K."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w = layer_case(batch, channels, ksize, dilation, tout)
+    x = x * torch.logspace(-2, 2, batch, device="cuda")[:, None, None]
+    packed, inverse = pack_split_weight_f16(w)
+    args = (*tc.split_f16(x), packed[0], packed[1], inverse, torch.randn(channels, device="cuda"), dilation)
+    residual = torch.randn(batch, channels, tout, device="cuda")
+    kept = tout // 3
+    with torch.inference_mode():
+        for extra in (
+            {},
+            {"residual": residual},
+            {"residual": residual[..., kept:], "residual_head": residual[..., :kept]},
+        ):
+            triton_out = tc.conv1d_f16x3(*args, split=split, pipelined=False, **extra)
+            gluon_out = tc.conv1d_f16x3(*args, split=split, pipelined=True, **extra)
+            assert torch.equal(gluon_out, triton_out), sorted(extra)

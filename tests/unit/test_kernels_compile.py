@@ -39,10 +39,14 @@ def test_float16_conv_kernel_compiles_for_sm90(
     )
     signature = {"x_hi_desc": x, "x_lo_desc": x, "w_hi_desc": "tensordesc<fp16[128, 64]>"}
     signature["w_lo_desc"] = signature["w_hi_desc"]
-    signature |= dict.fromkeys(("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "out_ptr"), "*fp32")
-    signature |= dict.fromkeys(("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE"), "i32")
+    signature |= dict.fromkeys(
+        ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr"), "*fp32"
+    )
+    sizes = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
+             "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
+    signature |= dict.fromkeys(sizes, "i32")
     constants = {
-        "HAS_RES": residual, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": 128, "BLOCK_N": block_n,
+        "HAS_RES": residual, "RES_PARTS": False, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": 128, "BLOCK_N": block_n,
         "BLOCK_K": 64, "ROWS": rows, "PRODUCTS": products,
     }  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
@@ -55,3 +59,53 @@ def test_float16_conv_kernel_compiles_for_sm90(
     )
 
     assert "wgmma" in compiled.asm["ptx"]  # the Hopper tensor-core path, not a fallback
+
+
+@pytest.mark.parametrize(
+    ("rows", "block_m", "block_n", "block_k", "split", "parts", "warps"),
+    [(1, 128, 128, 64, False, False, 8), (16, 128, 128, 64, False, True, 8), (16, 128, 128, 64, True, False, 8),
+     (8, 64, 64, 64, False, True, 4), (1, 64, 128, 32, False, False, 4)],
+)  # fmt: skip
+def test_pipelined_conv_kernel_compiles_for_sm90(
+    rows: int, block_m: int, block_n: int, block_k: int, split: bool, parts: bool, warps: int,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The Gluon kernel compiles for sm_90 in each launch family, keeps one step's products in flight (a
+    wait that leaves three wgmma groups outstanding) and does not serialize its wgmma instructions."""
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.experimental.gluon")
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from streamdec.kernels._gluon_conv_f16 import _conv1d_f16x3_gluon_kernel
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+
+    def desc(block: list[int]) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16)
+        return f"tensordesc<fp16[{', '.join(map(str, block))}],{layout!r}>"
+
+    x = desc([block_n, block_k] if rows == 1 else [rows, block_n // rows, block_k])
+    signature = {"x_hi_desc": x, "x_lo_desc": x, "w_hi_desc": desc([block_m, block_k])}
+    signature["w_lo_desc"] = signature["w_hi_desc"]
+    signature |= dict.fromkeys(
+        ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr"), "*fp32"
+    )
+    sizes = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
+             "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
+    signature |= dict.fromkeys(sizes, "i32")
+    constants = {
+        "HAS_RES": True, "RES_PARTS": parts, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": block_m,
+        "BLOCK_N": block_n, "BLOCK_K": block_k, "ROWS": rows, "STAGES": 3,
+    }  # fmt: skip
+    signature |= dict.fromkeys(constants, "constexpr")
+    names = list(signature)
+    constexprs = {(names.index(name),): value for name, value in constants.items()}
+
+    source = GluonASTSource(_conv1d_f16x3_gluon_kernel, signature, constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 3;" in ptx  # a step's three groups stay in flight
+    assert "wgmma.mma_async" in ptx
