@@ -13,11 +13,13 @@ best launch of each call, so the gain a better planner could make shows::
 
     python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
 
-``--pipelined`` also times each call with the pipelined Gluon kernel at the same launch and checks that it
-gives the Triton kernel's bits; ``--whole 16x70 1x70`` adds the calls of whole-clip decodes; ``--tiles``
-with no value skips the launch sweep::
+The baseline is the Triton kernel with the output channels along the GEMM's M. ``--variants`` also times
+each call with the pipelined Gluon kernel at the same launch (``pipelined``) and with the output channels
+along N (``channels_n``, layers of up to ``--channels-n-max`` channels), and checks their bits against the
+baseline; ``planned_ms`` sums what the planner picks now. ``--whole 16x70 1x70`` adds the calls of
+whole-clip decodes; ``--tiles`` with no value skips the launch sweep::
 
-    python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --pipelined
+    python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --variants pipelined
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from streamdec.engine.slots import StatePool
 from streamdec.kernels import _triton_conv_f16 as t16
 from streamdec.kernels import f16_launch
 from streamdec.kernels._triton_conv import launch_sms
-from streamdec.kernels.f16_launch import Tiles
+from streamdec.kernels.f16_launch import Tiles, channels_as_n
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -101,23 +103,36 @@ def describe(call: Call) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def measure(call: Call, tiles: list[Tiles], reps: int, pipelined: bool = False) -> dict[str, Any]:
+#: kernel variants timed beside the Triton kernel with the output channels along M (``--variants``)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "pipelined": {"pipelined": True, "channels_n": False},  # the Gluon kernel, same launch
+    "channels_n": {"channels_n": True},  # the output channels along the GEMM's N
+}
+
+
+def measure(
+    call: Call, tiles: list[Tiles], reps: int, variants: Sequence[str] = (), channels_n_max: int = 192
+) -> dict[str, Any]:
     args, kwargs = call
 
     def run(**launch: Any) -> Tensor:
         return t16.conv1d_f16x3(*args, **kwargs, **launch)
 
-    default = run(pipelined=False)
+    base = {"pipelined": False, "channels_n": False}
+    default = run(**base)
     row = describe(call)
-    row["ms"] = graph_ms(lambda: run(pipelined=False), reps=reps)
-    if pipelined:  # the Gluon kernel at the same launch, beside the Triton one
-        row["pipelined_bits_equal"] = bool(torch.equal(run(pipelined=True), default))
-        row["pipelined_ms"] = graph_ms(lambda: run(pipelined=True), reps=reps)
+    row["ms"] = graph_ms(lambda: run(**base), reps=reps)
+    for name in variants:
+        if name == "channels_n" and row["w"][1] > channels_n_max:
+            continue
+        flags = VARIANTS[name]
+        row[f"{name}_bits_equal"] = bool(torch.equal(run(**flags), default))
+        row[f"{name}_ms"] = graph_ms(lambda flags=flags: run(**flags), reps=reps)
     variants = []
     for tile in tiles:
         for pack in (True, False):
             for split in (False, True):
-                launch = {"tiles": tile, "pack": pack, "split": split}
+                launch = {"tiles": tile, "pack": pack, "split": split, **base}
                 try:
                     y = run(**launch)
                 except Exception as e:  # a launch this call cannot take (shared memory, registers)
@@ -146,9 +161,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument(
-        "--pipelined", action="store_true",
-        help="also time every call with the pipelined Gluon kernel (same launch) and check its bits",
+        "--variants", nargs="*", default=[], choices=sorted(VARIANTS),
+        help="also time every call with these kernels and check their bits against the baseline: pipelined "
+        "(the Gluon kernel, same launch), channels_n (output channels along N, layers up to --channels-n-max)",
     )  # fmt: skip
+    ap.add_argument("--channels-n-max", type=int, default=192)
     ap.add_argument(
         "--whole", nargs="*", default=[], help="whole-clip decodes to record as well, batch x frames (16x70)"
     )
@@ -183,17 +200,17 @@ def main() -> None:
         for name, work in workloads:
             rows = []
             for call, count in record_calls(work):
-                row = {"count": count, **measure(call, tiles, args.reps, args.pipelined)}
+                row = {"count": count, **measure(call, tiles, args.reps, args.variants, args.channels_n_max)}
                 rows.append(row)
                 best = row["best"]
-                pipelined = (
-                    f" pipelined {row['pipelined_ms']:.4f} ms bits_equal={row['pipelined_bits_equal']}"
-                    if args.pipelined else ""
+                extra = "".join(
+                    f" {v} {row[v + '_ms']:.4f} ms bits_equal={row[v + '_bits_equal']}"
+                    for v in args.variants if v + "_ms" in row
                 )  # fmt: skip
                 print(
                     f"{name} x{row['x']} w{row['w']} d={row['dil']} p={row['phases']} n={count} "
                     f"default {row['ms']:.4f} ms ({row['default']['block_m']}x{row['default']['block_n']}"
-                    f" rows={row['default']['rows']} split={row['default']['split']}){pipelined} best "
+                    f" rows={row['default']['rows']} split={row['default']['split']}){extra} best "
                     f"{best and round(best['ms'], 4)} {best and (best['tiles'], best['pack'], best['split'])} "
                     f"bits_equal={all(v.get('bits_equal', True) for v in row['variants'])}",
                     flush=True,
@@ -206,10 +223,14 @@ def main() -> None:
                 "default_ms": default_ms, "best_per_call_ms": best_ms, "layers": rows,
             }  # fmt: skip
             line = f"{name}: convolutions {default_ms:.2f} ms at the default launches, {best_ms:.2f} at each call's best"
-            if args.pipelined:
-                summary["pipelined_ms"] = sum(r["pipelined_ms"] * r["count"] for r in rows)
-                summary["pipelined_bits_equal"] = all(r["pipelined_bits_equal"] for r in rows)
-                line += f"; pipelined {summary['pipelined_ms']:.2f} ms, same bits: {summary['pipelined_bits_equal']}"
+            for variant in args.variants:  # a call the variant does not apply to counts at the baseline
+                summary[f"{variant}_ms"] = sum(r.get(f"{variant}_ms", r["ms"]) * r["count"] for r in rows)
+                summary[f"{variant}_bits_equal"] = all(r.get(f"{variant}_bits_equal", True) for r in rows)
+                line += f"; {variant} {summary[variant + '_ms']:.2f} ms, same bits: {summary[variant + '_bits_equal']}"
+            planned = [r.get("channels_n_ms", r["ms"]) if channels_as_n(r["w"][1]) else r["ms"] for r in rows]
+            if "channels_n" in args.variants:
+                summary["planned_ms"] = sum(ms * r["count"] for ms, r in zip(planned, rows, strict=True))
+                line += f"; as planned now {summary['planned_ms']:.2f} ms"
             out.result["buckets"].append(summary)
             out.save()
             print(line, flush=True)

@@ -40,7 +40,7 @@ from streamdec.errors import ShapeError
 from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.conv import check_residual_parts, joined_residual
-from streamdec.kernels.f16_launch import Launch, Tiles, plan
+from streamdec.kernels.f16_launch import Launch, Tiles, channels_as_n, plan, plan_channels
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
 # A residual in two parts (see :func:`_residual_tile`): its strides and the first part's length, runtime values.
@@ -162,6 +162,104 @@ def _conv1d_f16x3_kernel(
             else:
                 y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
         tl.store(out_ptr + corner + local, y, mask=mask)
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SIZES)
+def _conv1d_f16x3_cn_kernel(
+    x_hi_desc,  # [B * TIN, CP] float16: scaled input heads, channels-last (as the kernel above)
+    x_lo_desc,
+    w_hi_desc,  # [KSIZE * COUT, CP] float16: scaled weight heads, tap-major
+    w_lo_desc,
+    x_inv_ptr,
+    w_inv_ptr,
+    bias_ptr,
+    res_ptr,
+    tail_ptr,
+    out_ptr,  # y [B, COUT, TOUT]
+    B,
+    CP,
+    COUT,
+    TIN,
+    TOUT,
+    DIL,
+    CHUNK,
+    NCHUNK,
+    KSIZE,
+    RES_ROW,
+    RES_CHAN,
+    RES_LEN,
+    TAIL_ROW,
+    TAIL_CHAN,
+    HAS_RES: tl.constexpr,
+    RES_PARTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # samples a program (the GEMM's M)
+    BLOCK_O: tl.constexpr,  # output channels a program (N)
+    BLOCK_K: tl.constexpr,
+    PRODUCTS: tl.constexpr,
+):
+    """The kernel above with the output channels along N (:func:`streamdec.kernels.f16_launch.plan_channels`):
+    ``y^T[t, o] = sum x[t, c] w[o, c]`` for a ``BLOCK_T`` x ``BLOCK_O`` tile of one batch row. Each step
+    multiplies the same parts in the same order into a fresh accumulator, and the steps and chunks are the
+    layer's, so every launch of a layer gives the same bits; the chunks always run in one program."""
+    pid_t = tl.program_id(0)
+    pid_o = tl.program_id(1)
+    batch = tl.program_id(2)
+    t0 = pid_t * BLOCK_T
+    o0 = pid_o * BLOCK_O
+    k_blocks = CP // BLOCK_K
+    steps = KSIZE * k_blocks
+    total = tl.zeros((BLOCK_T, BLOCK_O), dtype=tl.float32)
+    for chunk in range(0, NCHUNK):
+        acc = tl.zeros((BLOCK_T, BLOCK_O), dtype=tl.float32)
+        for step in range(chunk * CHUNK, tl.minimum(steps, (chunk + 1) * CHUNK)):
+            tap = step // k_blocks
+            c0 = (step % k_blocks) * BLOCK_K
+            # Boxes past their block (weight rows into the next tap, samples into the next batch row)
+            # feed only outputs the store masks off, as above.
+            x_hi = x_hi_desc.load([batch * TIN + t0 + tap * DIL, c0])
+            w_hi = w_hi_desc.load([tap * COUT + o0, c0])
+            if PRODUCTS == 3:
+                x_lo = x_lo_desc.load([batch * TIN + t0 + tap * DIL, c0])
+                w_lo = w_lo_desc.load([tap * COUT + o0, c0])
+                part = tl.dot(x_hi, w_lo.T)
+                part = tl.dot(x_lo, w_hi.T, part)
+                part = tl.dot(x_hi, w_hi.T, part)
+                acc += part
+            else:
+                acc = tl.dot(x_hi, w_hi.T, acc)
+        total += acc
+    rows_t = tl.arange(0, BLOCK_T)
+    cols_o = tl.arange(0, BLOCK_O)
+    offs_t = t0 + rows_t
+    offs_o = o0 + cols_o
+    o_ok = offs_o < COUT
+    mask = (offs_t < TOUT)[:, None] & o_ok[None, :]
+    local = cols_o[None, :] * TOUT + rows_t[:, None]  # 32-bit offsets from the tile's corner
+    corner = (batch.to(tl.int64) * COUT + o0) * TOUT + t0
+    y = total * tl.load(w_inv_ptr + offs_o, mask=o_ok, other=1.0)[None, :] * tl.load(x_inv_ptr + batch)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_o, mask=o_ok, other=0.0)[None, :]
+    if HAS_RES:
+        if RES_PARTS:
+            first = (offs_t < RES_LEN)[:, None]
+            head = tl.load(
+                res_ptr + batch.to(tl.int64) * RES_ROW + offs_o[None, :] * RES_CHAN + offs_t[:, None],
+                mask=mask & first,
+                other=0.0,
+            )
+            tail = tl.load(
+                tail_ptr
+                + batch.to(tl.int64) * TAIL_ROW
+                + offs_o[None, :] * TAIL_CHAN
+                + (offs_t - RES_LEN)[:, None],
+                mask=mask & ~first,
+                other=0.0,
+            )
+            y += tl.where(first, head, tail)
+        else:
+            y += tl.load(res_ptr + corner + local, mask=mask, other=0.0)
+    tl.store(out_ptr + corner + local, y, mask=mask)
 
 
 @triton.jit
@@ -450,6 +548,7 @@ def conv1d_f16x3(
     products: int = 3,
     residual_head: torch.Tensor | None = None,
     pipelined: bool | None = None,
+    channels_n: bool | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
@@ -473,6 +572,10 @@ def conv1d_f16x3(
     ``pipelined`` (default :data:`streamdec.kernels.sizing.PIPELINED_CONV`) runs three products through
     :mod:`streamdec.kernels._gluon_conv_f16`, which keeps a step's products in flight while it adds the
     previous step's: the same bits.
+
+    ``channels_n`` (default :func:`streamdec.kernels.f16_launch.channels_as_n`, by the output channels)
+    runs the layer with its output channels along the GEMM's N (:func:`_conv_channels_n`); ``tiles`` then
+    means samples x channels, and ``split``, ``pack`` and ``pipelined`` do not apply.
     """
     if products not in (1, 3):
         raise ShapeError(f"conv1d_f16x3 takes products=3 (split) or 1 (heads only), got {products}")
@@ -492,13 +595,20 @@ def conv1d_f16x3(
                 "and under 2**31 elements per batch row (the interleave's 32-bit offsets)"
             )
         plain = conv1d_f16x3(
-            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack, products=products
-        )
+            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack, products=products,
+            pipelined=pipelined, channels_n=channels_n,
+        )  # fmt: skip
         out = interleave(plain, phases)
         return out if residual is None else residual + out
     y = torch.empty(batch, cout, tout, device=x_hi.device, dtype=torch.float32)
     if tout <= 0 or batch == 0:
         return y
+    if channels_n is None:
+        channels_n = channels_as_n(cout)
+    if channels_n:
+        return _conv_channels_n(
+            x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, y, tiles, products, residual, residual_head
+        )
     sms = launch_sms(x_hi.device)
     launch = plan(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split,
@@ -539,6 +649,43 @@ def conv1d_f16x3(
             *res_sizes, HAS_RES=residual is not None or residual_head is not None,
             RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
         )  # fmt: skip
+    return y
+
+
+def _conv_channels_n(
+    x_hi: torch.Tensor,
+    x_lo: torch.Tensor,
+    x_inv: torch.Tensor,
+    w_hi: torch.Tensor,
+    w_lo: torch.Tensor,
+    w_inv: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int,
+    y: torch.Tensor,
+    tiles: Tiles | None,
+    products: int,
+    residual: torch.Tensor | None,
+    residual_head: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`conv1d_f16x3` of a layer whose output channels are the GEMM's N, into ``y``."""
+    batch, tin, cp = x_hi.shape
+    ksize, cout, _ = w_hi.shape
+    tout = y.shape[2]
+    launch = plan_channels(batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, tiles=tiles)
+    if residual_head is not None and not _parts_addressable(residual_head, residual, cout, 1):
+        residual, residual_head = joined_residual(residual_head, residual), None
+    x_box, w_box = [launch.block_t, launch.block_k], [launch.block_o, launch.block_k]
+    xh, xl = (TensorDescriptor(x, [batch * tin, cp], [cp, 1], x_box) for x in (x_hi, x_lo))
+    wh, wl = (TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo))
+    bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
+    res_arg, tail_arg, res_sizes = _residual_args(residual_head, residual, y)
+    _conv1d_f16x3_cn_kernel[launch.grid](
+        xh, xl, wh, wl, x_inv, w_inv, bias_arg, res_arg, tail_arg, y,
+        batch, cp, cout, tin, tout, dilation, launch.chunk_steps, launch.chunks, ksize, *res_sizes,
+        HAS_RES=residual is not None or residual_head is not None, RES_PARTS=residual_head is not None,
+        HAS_BIAS=bias is not None, BLOCK_T=launch.block_t, BLOCK_O=launch.block_o, BLOCK_K=launch.block_k,
+        PRODUCTS=products, num_warps=launch.warps, num_stages=launch.stages,
+    )  # fmt: skip
     return y
 
 

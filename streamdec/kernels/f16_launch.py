@@ -30,8 +30,8 @@ from typing import NamedTuple
 from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
 
 __all__ = [
-    "CHUNK_STEPS", "LARGE", "PACK_ROW_N", "SMALL", "Launch", "Tiles", "block_k", "chunking", "default_tiles",
-    "plan",
+    "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_ROW_N", "SMALL", "ChannelsLaunch", "Launch", "Tiles", "block_k",
+    "channels_as_n", "chunking", "default_tiles", "plan", "plan_channels",
 ]  # fmt: skip
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
@@ -40,6 +40,9 @@ SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fra
 PACK_LARGE_FILL = 0.8  # packed large tiles need their waves this full on average, else small tiles
 _MIN_BLOCK_N = 32  # samples: the smallest output tile along time
 PACK_ROW_N = 8  # samples of each packed row per program: one 128-byte swizzle atom of the input box
+# Layers with at most this many output channels put them along the GEMM's N (:func:`plan_channels`).
+CHANNELS_N_MAX = 96
+_CHANNELS_TILE = 64 * 32 * 4  # accumulator elements of a 4-warp program: 64 registers a thread a set
 
 
 class Tiles(NamedTuple):
@@ -69,6 +72,21 @@ class Launch(NamedTuple):
     split: bool
     grid: tuple[int, int, int]
     rows: int = 1
+
+
+class ChannelsLaunch(NamedTuple):
+    """The launch of a layer whose output channels are the GEMM's N (:func:`plan_channels`): a program
+    computes ``block_t`` samples x ``block_o`` channels of one batch row; ``grid`` is (sample tiles,
+    channel tiles, batch rows)."""
+
+    block_t: int
+    block_o: int
+    block_k: int
+    warps: int
+    stages: int
+    chunk_steps: int
+    chunks: int
+    grid: tuple[int, int, int]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -174,3 +192,30 @@ def plan(
     split = split and chunks > 1
     grid = (tiles_n, tiles_m, groups * (chunks if split else 1))
     return Launch(block_m, block_n, bk, warps, t.stages, per, chunks, split, grid, rows)
+
+
+def channels_as_n(cout: int) -> bool:
+    """Whether a layer of ``cout`` output channels runs with them along the GEMM's N: a layer property,
+    never a batch's, so that a row's bits never depend on the batch it is computed in."""
+    return cout <= CHANNELS_N_MAX
+
+
+def plan_channels(
+    *, batch: int, padded_channels: int, cout: int, tout: int, ksize: int, tiles: Tiles | None = None
+) -> ChannelsLaunch:
+    """The launch of a layer with few output channels, laid out the other way round: the output channels
+    (rounded up to a power of two from 16 to 128) are the tile's N and the samples its M, so that 24
+    channels fill 32 columns instead of a quarter of a 64-row tile, and the input is read once for all
+    of a row's channels. The same steps and chunks as :func:`plan` (the arithmetic is the layer's);
+    ``tiles`` overrides the tile (``block_m``: samples, ``block_n``: channels), warps and stages."""
+    bk = block_k(padded_channels)
+    per, chunks = chunking(ksize * (padded_channels // bk))
+    if tiles is not None:
+        block_t, block_o, warps, stages = tiles
+    else:
+        block_o = pow2_block(cout, 16, 128)  # wider, and 64 samples a program would take 128 registers a set
+        block_t = max(WARPGROUP_ROWS, min(256, _CHANNELS_TILE // block_o))
+        warps = 4
+        stages = max(2, min(6, SHARED_PER_PAIR // _stage_bytes(block_t, block_o, bk)))
+    grid = (_cdiv(tout, block_t), _cdiv(cout, block_o), batch)
+    return ChannelsLaunch(block_t, block_o, bk, warps, stages, per, chunks, grid)

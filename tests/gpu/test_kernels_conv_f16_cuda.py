@@ -321,3 +321,39 @@ def test_pipelined_kernel_gives_the_triton_kernels_bits(
             triton_out = tc.conv1d_f16x3(*args, split=split, pipelined=False, **extra)
             gluon_out = tc.conv1d_f16x3(*args, split=split, pipelined=True, **extra)
             assert torch.equal(gluon_out, triton_out), sorted(extra)
+
+
+# auk-24k's small layers at a 4-frame step (256 rows) and in a whole clip (one row), and a 1-channel output
+SMALL_LAYERS = [(256, 24, 11, 1, 1920), (256, 48, 7, 3, 960), (256, 96, 11, 5, 480), (1, 96, 3, 1, 8400)]
+
+
+@pytest.mark.parametrize(("batch", "channels", "ksize", "dilation", "tout"), SMALL_LAYERS)
+def test_channels_along_n_are_accurate_and_independent_of_batch_and_tile(
+    batch: int, channels: int, ksize: int, dilation: int, tout: int
+) -> None:
+    """With the output channels along the GEMM's N, a small layer is as accurate as the other orientation
+    and a row's bits do not depend on its batch or on the tile; prints whether the two orientations give
+    the same bits."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w = layer_case(batch, channels, ksize, dilation, tout)
+    packed, inverse = pack_split_weight_f16(w)
+    bias = torch.randn(channels, device="cuda")
+    hi, lo, x_inv = tc.split_f16(x)
+    weights = (packed[0], packed[1], inverse, bias, dilation)
+    with torch.inference_mode():
+        along_n = tc.conv1d_f16x3(hi, lo, x_inv, *weights, channels_n=True)
+        along_m = tc.conv1d_f16x3(hi, lo, x_inv, *weights, channels_n=False)
+        tiled = tc.conv1d_f16x3(
+            hi, lo, x_inv, *weights, channels_n=True, tiles=f16_launch.Tiles(64, 128, 4, 2)
+        )
+        alone = tc.conv1d_f16x3(hi[-1:], lo[-1:], x_inv[-1:], *weights, channels_n=True)
+        single = tc.conv1d_f16x3(hi, lo, x_inv, *weights, channels_n=True, products=1)
+    exact = F.conv1d(x.double(), w.double(), bias.double(), dilation=dilation)
+    err_n, err_m = rel_error(along_n[-1], exact[-1]), rel_error(along_m[-1], exact[-1])
+    print(
+        f"C={channels} B={batch}: along N {err_n:.2e}, along M {err_m:.2e}, same bits {torch.equal(along_n, along_m)}"
+    )
+    assert err_n <= max(2e-6, 1.5 * err_m)
+    assert torch.equal(tiled, along_n) and torch.equal(alone[0], along_n[-1])
+    assert rel_error(single[-1], exact[-1]) <= 2e-3

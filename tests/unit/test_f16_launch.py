@@ -127,3 +127,32 @@ def test_channel_counts_off_the_large_tile_take_pairs_of_small_ones(channels: in
 def test_the_limit_is_read_when_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(f16_launch, "CHUNK_STEPS", 4)
     assert chunking(15) == (4, 4)
+
+
+@given(layers, st.integers(1, 512))
+def test_channels_along_n_launch_fits_and_keeps_the_layers_arithmetic(
+    layer: dict[str, int], batch: int
+) -> None:
+    """The channels-along-N launch covers every output once, takes the layer's steps and chunks (so its
+    bits are the layer's), fits its tile in 64 accumulator registers a thread and its stages in the shared
+    memory of one of two programs on a multiprocessor."""
+    launch = f16_launch.plan_channels(batch=batch, **layer)
+    assert (launch.chunk_steps, launch.chunks) == chunking(
+        layer["ksize"] * layer["padded_channels"] // launch.block_k
+    )
+    assert launch.block_k == f16_launch.block_k(layer["padded_channels"])
+    assert 16 <= launch.block_o <= 128 and launch.block_o & (launch.block_o - 1) == 0
+    assert launch.block_o >= min(layer["cout"], 128)
+    assert launch.block_t % 64 == 0 and launch.block_t <= 256
+    assert launch.block_t * launch.block_o <= 64 * 32 * launch.warps
+    stage = (launch.block_t + launch.block_o) * launch.block_k * 4
+    assert launch.stages >= 2 and (launch.stages * stage <= f16_launch.SHARED_PER_PAIR or launch.stages == 2)
+    tiles_t, tiles_o, rows = launch.grid
+    assert rows == batch
+    assert (tiles_t - 1) * launch.block_t < layer["tout"] <= tiles_t * launch.block_t
+    assert (tiles_o - 1) * launch.block_o < layer["cout"] <= tiles_o * launch.block_o
+
+
+@pytest.mark.parametrize(("cout", "along_n"), [(1, True), (24, True), (96, True), (97, False), (192, False)])
+def test_small_layers_put_their_channels_along_n(cout: int, along_n: bool) -> None:
+    assert f16_launch.channels_as_n(cout) is along_n

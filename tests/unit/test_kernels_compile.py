@@ -109,3 +109,57 @@ def test_pipelined_conv_kernel_compiles_for_sm90(
     ptx = compiled.asm["ptx"]
     assert "wgmma.wait_group.sync.aligned 3;" in ptx  # a step's three groups stay in flight
     assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.parametrize("cout", [1, 24, 48, 96])
+def test_channels_as_n_kernel_compiles_for_sm90(
+    cout: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel with output channels along N compiles for sm_90 at each small layer's planned launch,
+    on the tensor cores and without spilling."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from streamdec.kernels._triton_conv_f16 import _conv1d_f16x3_cn_kernel
+    from streamdec.kernels.f16_launch import plan_channels
+    from streamdec.kernels.split import F16_CHANNEL_QUANTUM
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    cp = cout + (-cout % F16_CHANNEL_QUANTUM)
+    launch = plan_channels(batch=256, padded_channels=cp, cout=cout, tout=1920, ksize=11)
+    x = f"tensordesc<fp16[{launch.block_t}, {launch.block_k}]>"
+    w = f"tensordesc<fp16[{launch.block_o}, {launch.block_k}]>"
+    signature = {"x_hi_desc": x, "x_lo_desc": x, "w_hi_desc": w, "w_lo_desc": w}
+    signature |= dict.fromkeys(
+        ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr"), "*fp32"
+    )
+    sizes = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
+             "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
+    signature |= dict.fromkeys(sizes, "i32")
+    constants = {
+        "HAS_RES": True, "RES_PARTS": True, "HAS_BIAS": True, "BLOCK_T": launch.block_t, "BLOCK_O": launch.block_o,
+        "BLOCK_K": launch.block_k, "PRODUCTS": 3,
+    }  # fmt: skip
+    signature |= dict.fromkeys(constants, "constexpr")
+    names = list(signature)
+    constexprs = {(names.index(name),): value for name, value in constants.items()}
+
+    source = ASTSource(_conv1d_f16x3_cn_kernel, signature, constexprs)
+    compiled = triton.compile(
+        source,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": launch.warps, "num_stages": launch.stages},
+    )
+    assert "wgmma" in compiled.asm["ptx"]
+    ptx = tmp_path / "kernel.ptx"
+    ptx.write_text(compiled.asm["ptx"])
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if ptxas.exists():
+        import subprocess
+
+        report = subprocess.run(
+            [str(ptxas), "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "kernel.cubin")],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+        assert " 0 bytes spill stores" in report, report

@@ -268,47 +268,53 @@ def test_auto_precision_prefers_fp16x3_where_every_conv_takes_a_kernel(
 
 @needs_interpreter
 @settings(max_examples=25, deadline=None)
-@given(conv_shapes, st.booleans())
-def test_triton_kernel_under_the_interpreter(p: dict[str, int], split: bool) -> None:
+@given(conv_shapes, st.booleans(), st.booleans())
+def test_triton_kernel_under_the_interpreter(p: dict[str, int], split: bool, channels_n: bool) -> None:
+    """Either orientation (output channels along the GEMM's M or its N) is the convolution to 22 bits."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w, bias = conv_case(p)
     packed, inverse = pack_split_weight_f16(w)
     hi, lo, x_inv = split_input_f16(x)
-    out = tc.conv1d_f16x3(hi, lo, x_inv, packed[0], packed[1], inverse, bias, p["dilation"], split=split)
+    args = (hi, lo, x_inv, packed[0], packed[1], inverse, bias, p["dilation"])
+    out = tc.conv1d_f16x3(*args, split=split, channels_n=channels_n)
     assert relative_error(out, x, w, bias, p["dilation"]) <= 2e-6
 
 
 @needs_interpreter
 @settings(max_examples=10, deadline=None)
-@given(conv_shapes, st.booleans())
-def test_triton_epilogue_adds_the_residual_bit_for_bit(p: dict[str, int], split: bool) -> None:
-    """Residual in the epilogue (one program or the chunk-sum kernel) == the kernel's output + residual."""
+@given(conv_shapes, st.booleans(), st.booleans())
+def test_triton_epilogue_adds_the_residual_bit_for_bit(
+    p: dict[str, int], split: bool, channels_n: bool
+) -> None:
+    """Residual in the epilogue (one program or the chunk-sum kernel, either orientation) == the kernel's
+    output + residual."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w, bias = conv_case(p)
     packed, inverse = pack_split_weight_f16(w)
     args = (*split_input_f16(x), packed[0], packed[1], inverse, bias, p["dilation"])
-    alone = tc.conv1d_f16x3(*args, split=split)
+    alone = tc.conv1d_f16x3(*args, split=split, channels_n=channels_n)
     residual = torch.randn(alone.shape, generator=torch.Generator().manual_seed(p["seed"]))
-    assert torch.equal(tc.conv1d_f16x3(*args, split=split, residual=residual), residual + alone)
+    with_residual = tc.conv1d_f16x3(*args, split=split, residual=residual, channels_n=channels_n)
+    assert torch.equal(with_residual, residual + alone)
 
 
 @needs_interpreter
 @settings(max_examples=20, deadline=None)
-@given(conv_shapes, st.booleans(), st.booleans(), st.floats(0.0, 1.0), st.integers(0, 5))
+@given(conv_shapes, st.booleans(), st.booleans(), st.booleans(), st.floats(0.0, 1.0), st.integers(0, 5))
 def test_triton_epilogue_reads_a_residual_in_two_parts(
-    p: dict[str, int], split: bool, pack: bool, share: float, spare: int
+    p: dict[str, int], split: bool, pack: bool, channels_n: bool, share: float, spare: int
 ) -> None:
     """A residual given as a head (rows and channels apart, as a delay line's kept history lies in a
     stream's state) and the samples after it gives the bits of the concatenated residual, on one program
-    per row, packed rows and the chunk-sum kernel alike."""
+    per row, packed rows, the chunk-sum kernel and the channels-along-N kernel alike."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w, bias = conv_case(p)
     packed, inverse = pack_split_weight_f16(w)
     args = (*split_input_f16(x), packed[0], packed[1], inverse, bias, p["dilation"])
-    launch = {"split": split, "pack": pack, "tiles": f16_launch.SMALL}
+    launch = {"split": split, "pack": pack, "tiles": f16_launch.SMALL, "channels_n": channels_n}
     batch, cout, tout = p["batch"], p["cout"], p["tout"]
     gen = torch.Generator().manual_seed(p["seed"])
     kept = round(share * tout)
@@ -360,8 +366,8 @@ def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.Mon
     args = (hi, lo, x_inv, packed[0], packed[1], inverse, bias, 1)
     assert f16_launch.chunking(15) == (4, 4)
     assert torch.equal(
-        tc.conv1d_f16x3(*args, tiles=f16_launch.SMALL, split=True),
-        tc.conv1d_f16x3(*args, tiles=f16_launch.SMALL, split=False),
+        tc.conv1d_f16x3(*args, tiles=f16_launch.SMALL, split=True, channels_n=False),
+        tc.conv1d_f16x3(*args, tiles=f16_launch.SMALL, split=False, channels_n=False),
     )
 
 
@@ -399,6 +405,26 @@ def test_split_takes_handed_over_peaks_and_the_activation_kernel_gives_them() ->
     assert torch.equal(peak.view(torch.float32), y.abs().amax(dim=(1, 2)))
     for ours, own in zip(tc.split_f16(y, 6, 0, peak), tc.split_f16(y, 6, 0), strict=True):
         assert torch.equal(ours, own)
+
+
+@needs_interpreter
+@settings(max_examples=15, deadline=None)
+@given(conv_shapes, st.sampled_from([(64, 16, 4, 2), (64, 32, 4, 3), (128, 64, 4, 2), (256, 128, 8, 2)]))
+def test_channels_along_n_give_one_row_the_same_bits_at_any_batch_and_tile(
+    p: dict[str, int], tile: tuple[int, int, int, int]
+) -> None:
+    """With the output channels along N, a row's output does not depend on the sample tile, the channel
+    tile or the batch it is computed in (the steps and chunks are the layer's)."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    hi, lo, x_inv = split_input_f16(x)
+    weights = (packed[0], packed[1], inverse, bias, p["dilation"])
+    planned = tc.conv1d_f16x3(hi, lo, x_inv, *weights, channels_n=True)
+    tiled = tc.conv1d_f16x3(hi, lo, x_inv, *weights, channels_n=True, tiles=f16_launch.Tiles(*tile))
+    alone = tc.conv1d_f16x3(hi[-1:], lo[-1:], x_inv[-1:], *weights, channels_n=True)
+    assert torch.equal(tiled, planned) and torch.equal(alone[0], planned[-1])
 
 
 @needs_interpreter
