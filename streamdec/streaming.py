@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
@@ -28,11 +27,11 @@ import torch
 from .codecs import Codec
 from .codecs.stateful import StatefulNet, supports_stateful
 from .engine import DecodedAudio, Engine, EngineStats, StepRequest, WarmupReport, WindowRequest, create_engine
+from .engine.base import Submission
 from .errors import (
     ConcurrentIterationError,
     ConfigError,
     EngineClosedError,
-    EngineError,
     NonFiniteOutputError,
     ShapeError,
 )
@@ -361,7 +360,10 @@ class _StreamCore:
 
     def _engine_call(self, job: Job | StepJob) -> Coroutine[Any, Any, DecodedAudio]:
         """The engine's coroutine that decodes ``job`` (not started)."""
-        engine = self.decoder.engine
+        return self.decoder.engine.decode_request(self._request(job))
+
+    def _request(self, job: Job | StepJob) -> WindowRequest | StepRequest:
+        """What the engine is asked to decode for ``job``."""
         if isinstance(job, Job):
             window = job.window
             request: WindowRequest | StepRequest = WindowRequest(
@@ -372,7 +374,7 @@ class _StreamCore:
         else:
             assert self.slot is not None
             request = StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
-        return engine.decode_request(request)
+        return request
 
     def _deadline(self) -> float:
         return self.session.deadline(time.monotonic())
@@ -564,8 +566,8 @@ class PushStream(_StreamCore):
 
     The owner fills a :class:`ChunkSource` and calls :meth:`pump` when it put a chunk there or ended it;
     the stream then feeds the session and submits the next call to the engine at once. The engine's result
-    comes back on the event loop as a callback, which hands the tile to ``on_tile`` and submits the next
-    call. So a chunk costs no wake-up of its own: the reader that received it submits its work, and the
+    comes back on the event loop as a callback (:meth:`Engine.submit`: no task, coroutine or future per
+    call), which hands the tile to ``on_tile`` and submits the next call. So a chunk costs no wake-up of its own: the reader that received it submits its work, and the
     completion that returns the audio sends it. Timers replace the wait for a chunk: a flush is a
     ``call_later``.
 
@@ -590,7 +592,9 @@ class PushStream(_StreamCore):
         self.source = source
         self._on_tile, self._on_end = on_tile, on_end
         self._loop = asyncio.get_running_loop()
-        self._call: _CallbackCall | None = None  # the engine call in flight (one at a time, in order)
+        self._call: Submission | None = None  # the engine call in flight (one at a time, in order)
+        self._job: Job | StepJob | None = None  # what it decodes
+        self._began = 0.0  # when it was submitted
         self._timer: asyncio.TimerHandle | None = None  # the flush time of the ready frames
         self._paused = False
 
@@ -664,20 +668,22 @@ class PushStream(_StreamCore):
             self.pump()
 
     def _submit(self, job: Job | StepJob) -> None:
-        began = time.monotonic()
-        self._call = _CallbackCall(
-            self._loop, self._engine_call(job), lambda a, e: self._done(job, began, a, e)
-        )
-        self._call.start()
+        self._job, self._began = job, time.monotonic()
+        try:
+            self._call = self.decoder.engine.submit(self._request(job), self._done)
+        except Exception as exc:  # refused at once (a bad request, the engine closed)
+            self._job = None
+            self._finish(exc)
 
-    def _done(self, job: Job | StepJob, began: float, audio: Any, error: BaseException | None) -> None:
-        self._call = None
+    def _done(self, audio: DecodedAudio | None, error: BaseException | None) -> None:
+        job, self._job, self._call = self._job, None, None
         if self._closed:
             return
         try:
             if error is not None:
                 raise error
-            go_on = self._on_tile(self._tile(job, audio, began))
+            assert job is not None and audio is not None
+            go_on = self._on_tile(self._tile(job, audio, self._began))
         except Exception as exc:  # engine failure, bad output, or the owner's own check
             self._finish(exc)
             return
@@ -692,66 +698,3 @@ class PushStream(_StreamCore):
             self._timer.cancel()
         self._free()
         self._on_end(error)
-
-
-class _CallbackCall:
-    """One engine coroutine run without a task: stepped from the callbacks of the futures it awaits.
-
-    A task per call would cost a wake-up and a task object per chunk; the engine's coroutine awaits one
-    future (its result) and stepping it by hand is what a task's own step does. ``done(result, error)``
-    is called once, unless :meth:`cancel` came first; cancelling throws ``CancelledError`` into the
-    coroutine, as cancelling a task would, so the engine withdraws the work it queued.
-    """
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        coro: Coroutine[Any, Any, DecodedAudio],
-        done: Callable[[Any, BaseException | None], None],
-    ) -> None:
-        self._loop, self._coro, self._done = loop, coro, done
-        self._waiting: asyncio.Future[Any] | None = None
-        self._over = False
-
-    def start(self) -> None:
-        self._step()
-
-    def _step(self, error: BaseException | None = None) -> None:
-        try:
-            waited = self._coro.send(None) if error is None else self._coro.throw(error)
-        except StopIteration as stop:
-            self._end(stop.value, None)
-            return
-        except Exception as exc:
-            self._end(None, exc)
-            return
-        except asyncio.CancelledError:  # its future cancelled by someone else: the stream must still end
-            self._end(None, EngineError("the engine call was cancelled outside its stream"))
-            return
-        if waited is None:  # a bare yield (asyncio.sleep(0)): step again on the next loop pass
-            self._loop.call_soon(self._step)
-            return
-        waited._asyncio_future_blocking = False  # as a task does for the future it waits on
-        self._waiting = waited
-        waited.add_done_callback(self._wake)
-
-    def _wake(self, future: asyncio.Future[Any]) -> None:
-        self._waiting = None
-        if not self._over:
-            self._step()
-
-    def _end(self, result: Any, error: BaseException | None) -> None:
-        self._over = True
-        self._done(result, error)
-
-    def cancel(self) -> None:
-        if self._over:
-            return
-        self._over = True
-        waiting, self._waiting = self._waiting, None
-        if waiting is not None:
-            waiting.remove_done_callback(self._wake)
-            waiting.cancel()
-        with contextlib.suppress(BaseException):  # CancelledError, re-raised by the coroutine, is expected
-            self._coro.throw(asyncio.CancelledError())
-        self._coro.close()

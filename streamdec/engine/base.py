@@ -1,4 +1,4 @@
-"""The engine interface: submit one planned window, await its emitted audio.
+"""The engine interface: submit one planned window, get its emitted audio back.
 
 An engine owns the device work. The async shell (:mod:`streamdec.streaming`) hands it windows that the
 sans-I/O session (:mod:`streamdec.session`) planned, already fitted to a window bucket by the exactness
@@ -13,14 +13,24 @@ Contract of :meth:`Engine.decode_window`:
 * Cancelling the awaiting task withdraws the window: a queued window is never decoded, an in-flight one
   is decoded and its result dropped.
 * Decoding never runs on the event loop thread.
+
+Two ways to ask: ``await decode_request(request)`` (or ``decode_window``/``decode_step``), or
+``submit(request, on_done)`` from the event loop, which returns at once and calls ``on_done`` on that loop
+with the result (a server carrying many streams submits one call per chunk, and a coroutine and a future
+per call would cost it more than the rest of the hand-off). :meth:`Engine.submit` runs ``decode_request``
+by callbacks; :class:`~.core.DecodeEngine` hands requests to its device thread and results back without
+either.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import dataclasses
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
@@ -28,10 +38,21 @@ from ..errors import EngineError
 from .output import DecodedAudio
 
 __all__ = [
-    "DeviceCall", "Engine", "EngineStats", "StepKind", "StepRequest", "WarmupReport", "WindowRequest",
+    "CallbackCall", "DeviceCall", "Engine", "EngineStats", "OnDone", "StepKind", "StepRequest", "Submission",
+    "WarmupReport", "WindowRequest",
 ]  # fmt: skip
 
 StepKind = Literal["prime", "step", "flush"]
+#: ``on_done(audio, None)`` with a request's result, or ``on_done(None, error)``
+OnDone = Callable[[DecodedAudio | None, BaseException | None], None]
+
+
+class Submission(Protocol):
+    """A request given to :meth:`Engine.submit`."""
+
+    def cancel(self) -> None:
+        """Withdraw it: a queued request is never decoded, one in flight is decoded and its result
+        dropped; ``on_done`` is not called after this. Idempotent."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,6 +174,16 @@ class Engine(abc.ABC):
             return DecodedAudio(await self.decode_step(request))
         return DecodedAudio(await self.decode_window(request))
 
+    def submit(self, request: WindowRequest | StepRequest, on_done: OnDone) -> Submission:
+        """Queue ``request`` from the running event loop without awaiting it: ``on_done`` is called on that
+        loop once, with the audio (as :meth:`decode_request` returns it) or the error, never from inside
+        this call, unless the returned submission is cancelled first. A request an engine refuses at once
+        (bad shape, engine closed) may raise here instead. This default runs :meth:`decode_request` by
+        callbacks (:class:`CallbackCall`)."""
+        call = CallbackCall(asyncio.get_running_loop(), self.decode_request(request), on_done)
+        call.start_soon()
+        return call
+
     def state_memory_bytes(self) -> int:
         """Device memory of the per-stream state this engine keeps (0 where it keeps none)."""
         return 0
@@ -177,3 +208,77 @@ class Engine(abc.ABC):
     def recent_calls(self) -> list[DeviceCall]:
         """The latest device calls, oldest first (a bounded record; engines that keep none give [])."""
         return []
+
+
+class CallbackCall:
+    """One engine coroutine run without a task: stepped from the callbacks of the futures it awaits.
+
+    A task per call would cost a wake-up and a task object per chunk; the engine's coroutine awaits
+    futures (its result) and stepping it by hand is what a task's own step does. ``done(result, error)``
+    is called once, unless :meth:`cancel` came first; cancelling throws ``CancelledError`` into the
+    coroutine, as cancelling a task would, so the engine withdraws the work it queued.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, DecodedAudio],
+        done: OnDone,
+    ) -> None:
+        self._loop, self._coro, self._done = loop, coro, done
+        self._waiting: asyncio.Future[Any] | None = None
+        self._started = False
+        self._over = False
+
+    def start_soon(self) -> None:
+        """Take the coroutine's first step on the loop's next pass (so ``done`` never runs inside the
+        caller's own call)."""
+        self._loop.call_soon(self._step_unless_over)
+
+    def _step_unless_over(self) -> None:
+        if not self._over:
+            self._started = True
+            self._step()
+
+    def _step(self, error: BaseException | None = None) -> None:
+        try:
+            waited = self._coro.send(None) if error is None else self._coro.throw(error)
+        except StopIteration as stop:
+            self._end(stop.value, None)
+            return
+        except Exception as exc:
+            self._end(None, exc)
+            return
+        except asyncio.CancelledError:  # its future cancelled by someone else: the stream must still end
+            self._end(None, EngineError("the engine call was cancelled outside its stream"))
+            return
+        if waited is None:  # a bare yield (asyncio.sleep(0)): step again on the next loop pass
+            self._loop.call_soon(self._step_unless_over)
+            return
+        waited._asyncio_future_blocking = False  # as a task does for the future it waits on
+        self._waiting = waited
+        waited.add_done_callback(self._wake)
+
+    def _wake(self, future: asyncio.Future[Any]) -> None:
+        self._waiting = None
+        if not self._over:
+            self._step()
+
+    def _end(self, result: Any, error: BaseException | None) -> None:
+        self._over = True
+        self._done(result, error)
+
+    def cancel(self) -> None:
+        if self._over:
+            return
+        self._over = True
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            waiting.remove_done_callback(self._wake)
+            waiting.cancel()
+        if self._started:
+            with contextlib.suppress(
+                BaseException
+            ):  # CancelledError, re-raised by the coroutine, is expected
+                self._coro.throw(asyncio.CancelledError())
+        self._coro.close()

@@ -1,18 +1,26 @@
-"""Completion of device work: from a recorded CUDA event to resolved asyncio futures.
+"""Completion of device work: from a recorded CUDA event to results handed back on the event loop.
 
 The device thread launches a replay, queues the copy of its output into pinned host memory and records
-an event, all on the engine's stream, then hands an :class:`Inflight` to a completer and moves on. Two
-completers, chosen by the engine's ``completion`` option (``scripts/bench_gpu.py`` measures both):
+an event, all on the engine's stream, then hands an :class:`Inflight` to a completer and moves on. Three
+completers, chosen by the engine's device and ``completion`` option (``scripts/bench_gpu.py`` measures
+the GPU ones):
 
-* :class:`ThreadCompleter` - one thread blocks in ``event.synchronize()`` for each replay in launch order,
-  turns the pinned buffer into the call's :class:`~.output.CallOutput` (one copy, so nothing handed out
-  aliases an engine buffer; each window's audio is a view of it) and resolves the futures with one
-  ``call_soon_threadsafe`` per event loop, for that replay and every later one already complete: a
-  server's loop wakes once per batch of results.
-* :class:`PollCompleter` - an asyncio task on the engine's loop checks ``event.query()`` for the oldest
-  replay every ``interval`` seconds; no thread, but latency up to one interval and the loop does the cut.
+* :class:`ThreadCompleter` (GPU, ``"thread"``) - one thread blocks in ``event.synchronize()`` for each
+  replay in launch order, turns the pinned buffer into the call's :class:`~.output.CallOutput` (one copy,
+  so nothing handed out aliases an engine buffer; each window's audio is a view of it) and posts the
+  results of that replay and of every later one already complete to their loops' :class:`Mailbox`.
+* :class:`HostCompleter` (CPU and simulated devices) - a call made on the host is complete when it
+  returns, so the device thread posts its results itself: no thread to wake per call.
+* :class:`PollCompleter` (``"poll"``) - an asyncio task on the engine's loop checks ``event.query()`` for
+  the oldest replay every ``interval`` seconds; no thread, but latency up to one interval and the loop
+  does the cut.
 
-Replays complete in launch order (one stream), so both look only at the oldest one.
+Replays complete in launch order (one stream), so each looks only at the oldest one.
+
+A :class:`Mailbox` is where an event loop's results wait: engine threads append to it, and it asks the
+loop to deliver only when no delivery is pending already, so a busy loop takes the results of many
+device calls in one callback and one wake-up of its self-pipe. Each result is handed to its request's
+``on_done`` right there, not through a future (which would schedule one more callback per result).
 """
 
 from __future__ import annotations
@@ -22,38 +30,95 @@ import collections
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from .output import CallOutput, DecodedAudio
 
-__all__ = ["Completer", "Inflight", "PollCompleter", "ThreadCompleter", "Waiter"]
+__all__ = [
+    "Awaiting",
+    "Completer",
+    "HostCompleter",
+    "Inflight",
+    "Mailbox",
+    "PollCompleter",
+    "ThreadCompleter",
+    "Waiter",
+]
 
-#: results to hand to each event loop: (future, value) pairs
-_Deliveries = dict[asyncio.AbstractEventLoop, list[tuple["asyncio.Future[DecodedAudio]", DecodedAudio]]]
+#: what a loop's mailbox holds: a request, and its audio or the error that ended it
+Result = tuple["Awaiting", DecodedAudio | None, BaseException | None]
+
+
+class Awaiting(Protocol):
+    """A submitted request as completion sees it (the engine's record of it)."""
+
+    cancelled: bool  # withdrawn: whatever comes back for it is dropped
+    mailbox: Mailbox  # the loop it was submitted on
+
+    def on_done(self, audio: DecodedAudio | None, error: BaseException | None) -> None: ...
+
+
+class Mailbox:
+    """One event loop's results from the engine's threads, delivered with at most one callback pending.
+
+    ``post`` (any thread) appends and schedules a delivery unless one is scheduled and has not begun;
+    the delivery clears that mark before it takes anything, so a result posted meanwhile is either taken
+    by it or schedules the next one, never left behind.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._results: collections.deque[Result] = collections.deque()
+        self._scheduled = False
+
+    def post(self, results: Iterable[Result]) -> None:
+        self._results.extend(results)
+        if not self._scheduled:
+            self._scheduled = True
+            # A loop closed under us (a test tearing down) has nobody left to tell.
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        self._scheduled = False
+        results = self._results
+        for _ in range(len(results)):  # what is here now; later posts schedule their own delivery
+            awaiting, audio, error = results.popleft()
+            if awaiting.cancelled:
+                continue
+            try:
+                awaiting.on_done(audio, error)
+            except Exception as exc:  # one failing receiver must not cost the others their results
+                self.loop.call_exception_handler(
+                    {"message": "exception in an engine result's callback", "exception": exc}
+                )
 
 
 @dataclass(eq=False)
 class Waiter:
-    """One window awaiting its audio: where to put it and how to cut it out of the batch output."""
+    """One request awaiting its audio: who to tell and how to cut its part out of the batch output."""
 
-    future: asyncio.Future[DecodedAudio]
-    loop: asyncio.AbstractEventLoop
+    awaiting: Awaiting
     row: int  # row of the batch output
     lo: int  # first sample of the emitted slice, relative to the copied columns
     hi: int
+
+
+#: results to post, by mailbox
+_Posts = dict[Mailbox, list[Result]]
 
 
 @dataclass(eq=False)
 class Inflight:
     """One launched device call: the output copy in ``host`` is valid once ``done`` has completed."""
 
-    host: torch.Tensor  # [live rows, channels, samples] pinned (or plain on CPU), owned by this record
+    host: torch.Tensor  # [live rows, channels, samples] pinned (or plain on CPU)
     waiters: list[Waiter]
-    done: torch.cuda.Event | None  # None: already complete (CPU decode)
+    done: torch.cuda.Event | None  # None: already complete (a call on the host)
     began: torch.cuda.Event | None = None
     on_finish: Callable[[Inflight], None] | None = None
     error: BaseException | None = None
@@ -70,27 +135,31 @@ class Inflight:
         return self.done is None or bool(self.done.query())  # type: ignore[no-untyped-call]
 
     def deliver(self) -> None:
-        """Hand every live waiter its part of the output and resolve its future on its own loop."""
-        by_loop: _Deliveries = {}
-        self.cut(by_loop)
-        _resolve_on_loops(by_loop)
+        """Hand every live waiter its part of the output on its own loop."""
+        posts: _Posts = {}
+        self.cut(posts)
+        _post_all(posts)
 
-    def cut(self, by_loop: _Deliveries) -> None:
-        """Each live waiter's part of the output (views of one :class:`CallOutput`) into ``by_loop``, the
-        results for each loop."""
-        live = [w for w in self.waiters if not w.future.cancelled()]  # withdrawn in flight: decoded, dropped
+    def cut(self, posts: _Posts) -> None:
+        """Each live waiter's part of the output (views of one :class:`CallOutput`) into ``posts``."""
+        live = [w for w in self.waiters if not w.awaiting.cancelled]  # withdrawn in flight: dropped
         host, self.host = self.host, torch.empty(0)
         if not live:
             return
         # One copy for the whole call: the engine may reuse its buffer, and a pinned one goes back to the
-        # caching host allocator now.
-        output = CallOutput(host.clone())
+        # caching host allocator now. Made outside inference mode (the device thread decodes in it, and
+        # the host completer runs there), so callers may write to their audio.
+        with torch.inference_mode(False):
+            output = CallOutput(host.clone())
         for w in live:
-            by_loop.setdefault(w.loop, []).append((w.future, output.part(w.row, w.lo, w.hi)))
+            a = w.awaiting
+            posts.setdefault(a.mailbox, []).append((a, output.part(w.row, w.lo, w.hi), None))
 
     def fail(self, error: BaseException) -> None:
+        posts: _Posts = {}
         for w in self.waiters:
-            _call_soon(w.loop, _fail, w.future, error)
+            posts.setdefault(w.awaiting.mailbox, []).append((w.awaiting, None, error))
+        _post_all(posts)
 
 
 class Completer:
@@ -101,6 +170,32 @@ class Completer:
 
     def close(self) -> None:
         raise NotImplementedError
+
+
+def _complete(batch: list[Inflight]) -> None:
+    """Post the batch's results with one delivery per loop; then tell the engine."""
+    posts: _Posts = {}
+    for item in batch:
+        try:
+            if item.done is not None:
+                item.done.synchronize()
+            item.cut(posts)
+        except Exception as exc:  # a failed copy or sync must still release every waiter
+            item.fail(exc)
+    _post_all(posts)
+    for item in batch:
+        if item.on_finish is not None:
+            item.on_finish(item)
+
+
+class HostCompleter(Completer):
+    """Completes each call on the thread that submits it (see the module docstring): host calls only."""
+
+    def submit(self, item: Inflight) -> None:
+        _complete([item])
+
+    def close(self) -> None:
+        pass
 
 
 class ThreadCompleter(Completer):
@@ -132,23 +227,7 @@ class ThreadCompleter(Completer):
                 batch.append(ahead.popleft())  # type: ignore[arg-type]
             if not batch:
                 return  # closed: None came next
-            self._complete(batch)
-
-    @staticmethod
-    def _complete(batch: list[Inflight]) -> None:
-        """Resolve the batch's futures with one wake-up of each loop; then tell the engine."""
-        by_loop: _Deliveries = {}
-        for item in batch:
-            try:
-                if item.done is not None:
-                    item.done.synchronize()
-                item.cut(by_loop)
-            except Exception as exc:  # a failed copy or sync must still release every waiter
-                item.fail(exc)
-        _resolve_on_loops(by_loop)
-        for item in batch:
-            if item.on_finish is not None:
-                item.on_finish(item)
+            _complete(batch)
 
 
 class PollCompleter(Completer):
@@ -208,17 +287,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         loop.call_soon_threadsafe(fn, *args)
 
 
-def _resolve_on_loops(by_loop: _Deliveries) -> None:
-    for loop, pairs in by_loop.items():
-        _call_soon(loop, _resolve_all, pairs)
-
-
-def _resolve_all(pairs: list[tuple[asyncio.Future[DecodedAudio], DecodedAudio]]) -> None:
-    for future, value in pairs:
-        if not future.done():
-            future.set_result(value)
-
-
-def _fail(future: asyncio.Future[DecodedAudio], error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+def _post_all(posts: _Posts) -> None:
+    for mailbox, results in posts.items():
+        mailbox.post(results)

@@ -8,12 +8,18 @@ streams: halo *windows* (:class:`~.base.WindowRequest`) and *stateful calls* of 
 
 Data path of one window::
 
-    decode_window()        loop thread: validate, queue a ticket in the Scheduler, await a future
-      -> device thread     pop the next (batch, frames) bucket, most urgent windows first; stack the
-                           latents into pinned host memory (pad rows: pad_latent); on the engine stream:
-                           H2D copy into the graph's static input, replay, D2H copy of the emitted columns
-                           into a fresh pinned buffer, record an event
-      -> completer         event done: cut each window's slice (a fresh CPU tensor) and resolve its future
+    submit()               loop thread: validate, append to the arrivals (a deque: no lock), and once per
+                           loop turn wake the device thread if it sleeps
+      -> device thread     move arrivals into the Scheduler; pop the next (batch, frames) bucket, most
+                           urgent windows first; stack the latents into pinned host memory (pad rows:
+                           pad_latent); on the engine stream: H2D copy into the graph's static input,
+                           replay, D2H copy of the emitted columns into a fresh pinned buffer, record an event
+      -> completer         event done: one block for the call, each window's part a view of it, posted to
+                           its loop's mailbox, which hands each to its ``on_done`` (decode_request's: a future)
+
+The loop never takes the lock the device thread works under to queue or withdraw work: a server submits
+a call per chunk, and every time the device thread held the lock then, the loop blocked on it and the two
+threads traded the GIL. Withdrawals go through a second deque the device thread applies to the Scheduler.
 
 At most ``max_inflight`` replays are queued on the stream at once: while the GPU works, windows pile up in
 the scheduler and the next replay takes them together, which is where cross-stream batching comes from.
@@ -38,22 +44,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
 
 from ..codecs.stateful import StatefulNet
 from ..errors import ConfigError, EngineClosedError, EngineError, ShapeError
-from .base import DeviceCall, Engine, EngineStats, StepRequest, WarmupReport, WindowRequest
-from .completion import Completer, Inflight, PollCompleter, ThreadCompleter, Waiter
+from .base import (
+    DeviceCall,
+    Engine,
+    EngineStats,
+    OnDone,
+    StepRequest,
+    Submission,
+    WarmupReport,
+    WindowRequest,
+)
+from .completion import Completer, HostCompleter, Inflight, Mailbox, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .output import DecodedAudio
 from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
@@ -92,11 +105,32 @@ log = logging.getLogger("streamdec.engine")
 R = TypeVar("R")
 
 
-@dataclass(eq=False)
 class _Pending:
-    request: WindowRequest | StepRequest
-    future: asyncio.Future[DecodedAudio]
-    loop: asyncio.AbstractEventLoop
+    """One submitted request, from :meth:`DecodeEngine.submit` to its result (the :class:`Submission`)."""
+
+    __slots__ = ("_withdrawn", "cancelled", "frames", "kind", "mailbox", "on_done", "request", "ticket")
+
+    def __init__(
+        self,
+        request: WindowRequest | StepRequest,
+        on_done: OnDone,
+        mailbox: Mailbox,
+        frames: int,
+        kind: str,
+        withdrawn: collections.deque[_Pending],
+    ) -> None:
+        self.request, self.on_done, self.mailbox = request, on_done, mailbox
+        self.frames, self.kind = frames, kind
+        self.ticket: Ticket[_Pending] | None = None  # set by the device thread when it queues it
+        self.cancelled = False
+        self._withdrawn = withdrawn
+
+    def cancel(self) -> None:
+        """Withdraw it (loop thread): skipped wherever the device thread finds it, and taken out of the
+        Scheduler at the device thread's next pass, so queued counts stay true."""
+        if not self.cancelled:
+            self.cancelled = True
+            self._withdrawn.append(self)
 
 
 class DecodeEngine(Engine):
@@ -232,8 +266,14 @@ class DecodeEngine(Engine):
         self._calls: collections.deque[DeviceCall] = collections.deque(maxlen=_CALLS_KEPT)
         self._cond = threading.Condition()  # guards scheduler, stats, commands, inflight count
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
+        # Submitted and withdrawn requests on their way to the Scheduler: appended on the loop without the
+        # lock, taken by the device thread (see submit).
+        self._arrivals: collections.deque[_Pending] = collections.deque()
+        self._withdrawn: collections.deque[_Pending] = collections.deque()
+        self._sleeping = False  # the device thread waits on _cond (or is about to): a wake must notify
         # event loops with a wake-up of the device thread scheduled (see _wake_soon)
         self._wakes_scheduled: set[asyncio.AbstractEventLoop] = set()
+        self._mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}
         self._inflight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -257,8 +297,10 @@ class DecodeEngine(Engine):
         loop = asyncio.get_running_loop()
         if self.completion == "poll":
             self._completer = PollCompleter(loop, self.poll_interval)
-        else:
+        elif self.device.type == "cuda":
             self._completer = ThreadCompleter()
+        else:  # a call on the host is complete when it returns: no thread to wait on it
+            self._completer = HostCompleter()
         self._thread = threading.Thread(target=self._run, name="streamdec-cuda", daemon=True)
         self._thread.start()
 
@@ -319,15 +361,13 @@ class DecodeEngine(Engine):
             return
         with self._cond:
             self._closed = True
-            leftovers = self._scheduler.drain()
-            self._stats.queued = 0
+            leftovers = self._take_leftovers()
             self._cond.notify_all()
-        for p in leftovers:
-            _call_soon(
-                p.loop, _fail, p.future, EngineClosedError("engine closed before this window was decoded")
-            )
+        _fail_closed(leftovers)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+            with self._cond:  # what another loop submitted while the device thread was stopping
+                _fail_closed(self._take_leftovers())
         if self._completer is not None:
             await asyncio.to_thread(self._completer.close)
             if isinstance(self._completer, PollCompleter):
@@ -360,11 +400,38 @@ class DecodeEngine(Engine):
         return (await self.decode_request(request)).samples
 
     async def decode_request(self, request: WindowRequest | StepRequest) -> DecodedAudio:
+        if self._thread is None and not self._closed:
+            await self.start()
+        future: asyncio.Future[DecodedAudio] = asyncio.get_running_loop().create_future()
+        submission = self.submit(request, lambda audio, error: _settle(future, audio, error))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            submission.cancel()
+            raise
+
+    def submit(self, request: WindowRequest | StepRequest, on_done: OnDone) -> Submission:
+        """Queue ``request`` (see :meth:`Engine.submit`): checked here, then appended to the arrivals,
+        which the device thread moves into its Scheduler; ``on_done`` runs from this loop's mailbox."""
+        kind: str
         if isinstance(request, StepRequest):
             self._check_step(request)
-            return await self._submit(request, request.frames, request.kind)
-        self._check(request)
-        return await self._submit(request, request.window_frames, "window")
+            frames, kind = request.frames, request.kind
+        else:
+            self._check(request)
+            frames, kind = request.window_frames, "window"
+        if self._closed:
+            raise EngineClosedError("decode after aclose(): the engine is closed")
+        if self._thread is None:  # not started: decode_request starts the engine first
+            return super().submit(request, on_done)
+        loop = asyncio.get_running_loop()
+        mailbox = self._mailboxes.get(loop)
+        if mailbox is None:
+            mailbox = self._mailboxes[loop] = Mailbox(loop)
+        pending = _Pending(request, on_done, mailbox, frames, kind, self._withdrawn)
+        self._arrivals.append(pending)
+        self._wake_soon(loop)
+        return pending
 
     def open_slot(self) -> int:
         if self._slots is None:
@@ -384,25 +451,6 @@ class DecodeEngine(Engine):
         with self._cond:
             return 0 if self._slots is None else self._slots.in_use
 
-    async def _submit(self, request: WindowRequest | StepRequest, frames: int, kind: str) -> DecodedAudio:
-        if self._closed:
-            raise EngineClosedError("decode after aclose(): the engine is closed")
-        if self._thread is None:
-            await self.start()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[DecodedAudio] = loop.create_future()
-        with self._cond:
-            if self._closed:
-                raise EngineClosedError("decode after aclose(): the engine is closed")
-            ticket = self._scheduler.push(_Pending(request, future, loop), frames, request.deadline, kind)
-            self._stats.queued = self._scheduler.pending
-        self._wake_soon(loop)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._withdraw(ticket)
-            raise
-
     def _wake_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wake the device thread once the loop has run the callbacks at hand: a server's loop submits
         the calls of every message one ``select`` returned, and the device thread then wakes once and
@@ -413,14 +461,41 @@ class DecodeEngine(Engine):
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
         self._wakes_scheduled.discard(loop)
-        with self._cond:
-            self._cond.notify_all()
+        # Read without the lock: the device thread sets it under the lock and then looks at the arrivals
+        # once more before it waits, so an arrival appended before this read is seen either way.
+        if self._sleeping:
+            with self._cond:
+                self._cond.notify_all()
 
-    def _withdraw(self, ticket: Ticket[_Pending]) -> None:
-        with self._cond:
-            if self._scheduler.cancel(ticket):  # still queued: never decoded, its slot is free now
-                self._stats.cancelled += 1
-                self._stats.queued = self._scheduler.pending
+    def _take_arrivals(self) -> None:
+        """Move submitted requests into the Scheduler and withdrawn ones out of it (device thread, under
+        the lock)."""
+        arrivals, scheduler, stats = self._arrivals, self._scheduler, self._stats
+        while arrivals:
+            p = arrivals.popleft()
+            if p.cancelled:  # withdrawn before it was queued: never decoded
+                stats.cancelled += 1
+                continue
+            p.ticket = scheduler.push(p, p.frames, p.request.deadline, p.kind)
+        withdrawn = self._withdrawn
+        while withdrawn:
+            p = withdrawn.popleft()
+            if p.ticket is not None and scheduler.cancel(p.ticket):  # still queued: its slot is free now
+                stats.cancelled += 1
+        stats.queued = scheduler.pending
+
+    def _take_leftovers(self) -> list[_Pending]:
+        """Every request not yet launched (under the lock, at close)."""
+        self._take_arrivals()
+        self._stats.queued = 0
+        return [p for p in self._scheduler.drain() if not p.cancelled]
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Wait on the lock's condition (held) until woken or ``timeout``, unless work arrived."""
+        self._sleeping = True
+        if not (self._arrivals or self._withdrawn):
+            self._cond.wait(timeout=timeout)
+        self._sleeping = False
 
     def _check(self, request: WindowRequest) -> None:
         z = request.latents
@@ -484,6 +559,7 @@ class DecodeEngine(Engine):
                     return self._commands.popleft()
                 if self._closed:
                     return None
+                self._take_arrivals()
                 if self._inflight < self.max_inflight and self._scheduler.pending:
                     # The engine is the one place that holds work: until the latest start at which
                     # every queued group still meets its deadline, arrivals join the next replay.
@@ -495,7 +571,7 @@ class DecodeEngine(Engine):
                         else None
                     )
                     if wait is not None:
-                        self._cond.wait(timeout=wait)
+                        self._sleep(wait)
                         continue
                     popped = self._scheduler.pop_batch()
                     self._stats.queued = self._scheduler.pending
@@ -504,7 +580,7 @@ class DecodeEngine(Engine):
                         key, items = popped
                         self._device_free_at = max(now, self._device_free_at) + (self._replay_s(key) or 0.0)
                         return lambda: self._launch(key, items, now)
-                self._cond.wait()
+                self._sleep(None)
 
     async def _call_on_device(self, fn: Callable[[], R]) -> R:
         """Run ``fn`` on the device thread (captures and warm-up must happen there) and await its result."""
@@ -540,7 +616,7 @@ class DecodeEngine(Engine):
 
     def _launch(self, key: BucketKey, items: list[_Pending], decided: float) -> None:
         launched = time.monotonic()
-        live = [p for p in items if not p.future.cancelled()]
+        live = [p for p in items if not p.cancelled]
         with self._cond:
             self._stats.cancelled += len(items) - len(live)
             queued = self._scheduler.pending
@@ -553,7 +629,7 @@ class DecodeEngine(Engine):
             error = exc if isinstance(exc, EngineError) else EngineError(f"decode of {key} failed: {exc}")
             if error is not exc:
                 error.__cause__ = exc
-            failed = Inflight(torch.empty(0), [Waiter(p.future, p.loop, 0, 0, 0) for p in live], None)
+            failed = Inflight(torch.empty(0), [Waiter(p, 0, 0, 0) for p in live], None)
             failed.fail(error)
             self._finished(failed)
             return
@@ -595,7 +671,7 @@ class DecodeEngine(Engine):
             assert self.net is not None
             frames = {"prime": -self.net.right_frames, "step": 0, "flush": self.net.right_frames}[key.kind]
             width = (key.frames + frames) * self.hop
-            return 0, width, [Waiter(p.future, p.loop, row, 0, width) for row, p in enumerate(live)]
+            return 0, width, [Waiter(p, row, 0, width) for row, p in enumerate(live)]
         windows = [p.request for p in live]
         assert all(isinstance(w, WindowRequest) for w in windows)
         spans = [(w.emit_offset * self.hop, (w.emit_offset + w.emit_frames) * self.hop) for w in windows]  # type: ignore[union-attr]
@@ -603,10 +679,7 @@ class DecodeEngine(Engine):
         return (
             lo,
             hi,
-            [
-                Waiter(p.future, p.loop, row, a - lo, b - lo)
-                for row, (p, (a, b)) in enumerate(zip(live, spans, strict=True))
-            ],
+            [Waiter(p, row, a - lo, b - lo) for row, (p, (a, b)) in enumerate(zip(live, spans, strict=True))],
         )
 
     def _slots_of(self, live: list[_Pending], rows: int) -> torch.Tensor:
@@ -775,11 +848,17 @@ class BusyMeter:
         return self._level * math.exp(-max(0.0, now - self._at) / self.tau)
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(fn, *args)
-
-
-def _fail(future: asyncio.Future[DecodedAudio], error: BaseException) -> None:
-    if not future.done():
+def _settle(
+    future: asyncio.Future[DecodedAudio], audio: DecodedAudio | None, error: BaseException | None
+) -> None:
+    if future.done():
+        return
+    if error is not None:
         future.set_exception(error)
+    else:
+        future.set_result(audio)  # type: ignore[arg-type]
+
+
+def _fail_closed(leftovers: list[_Pending]) -> None:
+    for p in leftovers:
+        p.mailbox.post([(p, None, EngineClosedError("engine closed before this window was decoded"))])
