@@ -40,8 +40,10 @@ SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fra
 PACK_LARGE_FILL = 0.8  # packed large tiles need their waves this full on average, else small tiles
 _MIN_BLOCK_N = 32  # samples: the smallest output tile along time
 PACK_ROW_N = 8  # samples of each packed row per program: one 128-byte swizzle atom of the input box
-# Layers with at most this many output channels put them along the GEMM's N (:func:`plan_channels`).
-CHANNELS_N_MAX = 96
+# Layers with at most this many output channels put them along the GEMM's N (:func:`plan_channels`): on an
+# H200 that took auk-24k's 24-channel layers 1.5x and its 1-channel one 2.5x faster, and the 48-, 96- and
+# 192-channel ones 5-30 % slower (bench/results/h200/step-convs-variants.json).
+CHANNELS_N_MAX = 32
 _CHANNELS_TILE = 64 * 32 * 4  # accumulator elements of a 4-warp program: 64 registers a thread a set
 
 
@@ -195,8 +197,9 @@ def plan(
 
 
 def channels_as_n(cout: int) -> bool:
-    """Whether a layer of ``cout`` output channels runs with them along the GEMM's N: a layer property,
-    never a batch's, so that a row's bits never depend on the batch it is computed in."""
+    """Whether a layer of ``cout`` output channels runs with them along the GEMM's N. A layer property,
+    never a batch's; the two orientations give the same bits anyway (the same products in the same steps;
+    the H200's tensor cores sum an instruction's products alike either way round, tested on the GPU)."""
     return cout <= CHANNELS_N_MAX
 
 

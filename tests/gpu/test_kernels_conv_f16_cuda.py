@@ -331,9 +331,8 @@ SMALL_LAYERS = [(256, 24, 11, 1, 1920), (256, 48, 7, 3, 960), (256, 96, 11, 5, 4
 def test_channels_along_n_are_accurate_and_independent_of_batch_and_tile(
     batch: int, channels: int, ksize: int, dilation: int, tout: int
 ) -> None:
-    """With the output channels along the GEMM's N, a small layer is as accurate as the other orientation
-    and a row's bits do not depend on its batch or on the tile; prints whether the two orientations give
-    the same bits."""
+    """With the output channels along the GEMM's N, a small layer gives the other orientation's bits (the
+    tensor cores sum an instruction's products alike either way round), whatever its batch or tile."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w = layer_case(batch, channels, ksize, dilation, tout)
@@ -354,6 +353,7 @@ def test_channels_along_n_are_accurate_and_independent_of_batch_and_tile(
     print(
         f"C={channels} B={batch}: along N {err_n:.2e}, along M {err_m:.2e}, same bits {torch.equal(along_n, along_m)}"
     )
-    assert err_n <= max(2e-6, 1.5 * err_m)
+    assert err_n <= 2e-6
+    assert torch.equal(along_n, along_m)
     assert torch.equal(tiled, along_n) and torch.equal(alone[0], along_n[-1])
     assert rel_error(single[-1], exact[-1]) <= 2e-3

@@ -153,6 +153,6 @@ def test_channels_along_n_launch_fits_and_keeps_the_layers_arithmetic(
     assert (tiles_o - 1) * launch.block_o < layer["cout"] <= tiles_o * launch.block_o
 
 
-@pytest.mark.parametrize(("cout", "along_n"), [(1, True), (24, True), (96, True), (97, False), (192, False)])
+@pytest.mark.parametrize(("cout", "along_n"), [(1, True), (24, True), (32, True), (33, False), (96, False)])
 def test_small_layers_put_their_channels_along_n(cout: int, along_n: bool) -> None:
     assert f16_launch.channels_as_n(cout) is along_n
