@@ -111,7 +111,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def measure(
-    call: Call, tiles: list[Tiles], reps: int, variants: Sequence[str] = (), channels_n_max: int = 192
+    call: Call,
+    tiles: list[Tiles],
+    reps: int,
+    variants: Sequence[str] = (),
+    channels_n_max: int = 192,
+    channels_n_tiles: Sequence[Tiles] = (),
 ) -> dict[str, Any]:
     args, kwargs = call
 
@@ -144,6 +149,19 @@ def measure(
                     "tiles": list(tile), "pack": pack, "split": split, "bits_equal": bool(torch.equal(y, default)),
                     "ms": graph_ms(lambda launch=launch: run(**launch), reps=reps),
                 })  # fmt: skip
+    if row["w"][1] <= channels_n_max:  # the channels-along-N kernel at other tiles (samples x channels)
+        for tile in channels_n_tiles:
+            launch = {"tiles": tile, "channels_n": True}
+            try:
+                y = run(**launch)
+            except Exception as e:  # shared memory or registers
+                variants.append({"tiles": list(tile), "channels_n": True, "error": repr(e)[:160]})
+                continue
+            variants.append({
+                "tiles": list(tile), "channels_n": True, "pack": False, "split": False,
+                "bits_equal": bool(torch.equal(y, default)),
+                "ms": graph_ms(lambda launch=launch: run(**launch), reps=reps),
+            })  # fmt: skip
     row["variants"] = variants
     timed = [v for v in variants if "ms" in v]
     row["best"] = min(timed, key=lambda v: v["ms"]) if timed else None
@@ -167,6 +185,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--channels-n-max", type=int, default=192)
     ap.add_argument(
+        "--channels-n-tiles", nargs="*", default=[],
+        help="channels-along-N launches to time besides the planned one: block_t,block_o,warps,stages",
+    )  # fmt: skip
+    ap.add_argument(
         "--whole", nargs="*", default=[], help="whole-clip decodes to record as well, batch x frames (16x70)"
     )
     ap.add_argument("--commit", default=None)
@@ -178,6 +200,7 @@ def main() -> None:
     header = script_header(codec=args.codec, precision=precision, commit=args.commit, timing="cuda graphs")
     out = ResultFile(args.out, {**header, "args": vars(args), "buckets": []})
     tiles = [Tiles(*map(int, spec.split(","))) for spec in args.tiles]
+    cn_tiles = [Tiles(*map(int, spec.split(","))) for spec in args.channels_n_tiles]
     buckets = [parse_bucket(b) for b in args.buckets]
     net = StatefulNet(codec)
     slots = max(b for b, _ in buckets)
@@ -200,7 +223,10 @@ def main() -> None:
         for name, work in workloads:
             rows = []
             for call, count in record_calls(work):
-                row = {"count": count, **measure(call, tiles, args.reps, args.variants, args.channels_n_max)}
+                row = {
+                    "count": count,
+                    **measure(call, tiles, args.reps, args.variants, args.channels_n_max, cn_tiles),
+                }
                 rows.append(row)
                 best = row["best"]
                 extra = "".join(
