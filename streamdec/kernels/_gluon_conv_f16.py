@@ -276,13 +276,49 @@ def _conv1d_f16x3_gluon_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(s))
 
+    # The epilogue reads the sums back from shared memory a slab of rows at a time, in a layout whose
+    # threads run along the samples: from the accumulator's own registers, its 64-bit addresses spilled.
+    slab: gl.constexpr = _EPILOGUE_SLAB
+    epi: gl.constexpr = _epilogue_layout(BLOCK_N, gl.num_warps())
+    sums = gl.allocate_shared_memory(
+        gl.float32, [BLOCK_M, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    )
+    sums.store(acc)
+    gl.thread_barrier()
+    for r in gl.static_range(BLOCK_M // slab):
+        part = sums.slice(r * slab, slab, dim=0).load(epi)
+        _epilogue(
+            part, flushed, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0 + r * slab,
+            n0, B, COUT, TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, epi, slab, BLOCK_N, ROWS, SPLIT,
+            HAS_RES, RES_PARTS, HAS_BIAS,
+        )  # fmt: skip
+
+
+_EPILOGUE_SLAB = gl.constexpr(16)  # rows of the output tile the epilogue handles at a time
+
+
+@gluon.constexpr_function
+def _epilogue_layout(block_n, num_warps):
+    """Threads along the samples, four consecutive ones each (one 16-byte store), warps down the rows."""
+    lanes = min(32, block_n // 4)
+    return gl.BlockedLayout([1, 4], [32 // lanes, lanes], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _epilogue(
+    total, flushed, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0, n0, B, COUT, TOUT,
+    RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr, HAS_RES: gl.constexpr, RES_PARTS: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+):  # fmt: skip
+    """Rows ``m0 ..`` of the tile (``BLOCK_M`` of them, in ``layout``): add the chunks kept in the tile, then
+    unscale, add the bias and the residual, and store; with ``SPLIT``, store the raw chunk sums."""
     offs_m, offs_n, later, mask, local, corner = _tile(
         batch, first, m0, n0, B, COUT, TOUT, layout, BLOCK_M, BLOCK_N, ROWS, SPLIT
     )
     ptrs = out_ptr + corner + local
-    total = acc
     if flushed > 0:  # the chunks before, kept in the tile, then this one: in order, as from zero
-        total = gl.load(ptrs, mask=mask, other=0.0) + acc
+        total = gl.load(ptrs, mask=mask, other=0.0) + total
     if SPLIT:
         gl.store(ptrs, total, mask=mask)
     else:
