@@ -39,7 +39,8 @@ from streamdec.streaming import StreamDecoder
 
 from .admission import AdmissionController, Load, Refusal
 from .config import ServerConfig
-from .connection import Connection, DirectMessages
+from .connection import Connection
+from .direct import DirectMessages
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads

@@ -16,9 +16,9 @@ websocket layer while someone reads), ``cancel`` and ``end`` are seen at once ev
 behind. A producer faster than decoding is held back by ``max_buffered_frames`` (advertised in
 ``ready``): frames wait in the stream's intake until the decoder takes them, the reference client sends
 no further ahead than that, and a message past it ends that stream with ``backlog_full``. A connection
-that :class:`~.app.StreamServer` accepts is a :class:`DirectMessages`: whole messages come to the
-connection from inside websockets' ``data_received``, without a wake-up of the reader, which takes the
-rest (those that came before, fragmented ones).
+that :class:`~.app.StreamServer` accepts is a :class:`~.direct.DirectMessages`: whole messages come to
+the connection from inside ``data_received``, without websockets' frame parser or a wake-up of the reader,
+which takes the rest (those that came before, fragmented ones).
 
 Backpressure towards the listener: a listener that stops reading blocks the writer in ``send``; the
 outbox fills; a stream whose audio finds the outbox full is paused with that message parked until the
@@ -51,7 +51,6 @@ import torch
 from anyio.abc import TaskGroup
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
 from streamdec.errors import ProtocolError
@@ -71,6 +70,7 @@ from streamdec.protocol import (
 from streamdec.session import Tile
 from streamdec.streaming import PushStream
 
+from .direct import DirectMessages, binary_frame_header
 from .guards import ErrorBudget
 from .opus import OpusEncoder, check_opus
 from .speech import speak
@@ -78,7 +78,7 @@ from .speech import speak
 if TYPE_CHECKING:
     from .app import StreamServer
 
-__all__ = ["Connection", "DirectMessages"]
+__all__ = ["Connection"]
 
 log = logging.getLogger("streamdec.server")
 
@@ -260,40 +260,6 @@ class _Stream:
     opus: OpusEncoder | None = None  # format "opus": this stream's encoder
 
 
-class DirectMessages(ServerConnection):
-    """A ServerConnection that hands each whole data message to ``on_message`` from inside
-    ``data_received``, as websockets parses it, instead of queueing it for a reader task: a server's
-    messages then cost no task wake-up each.
-
-    Only when a handler is set and no earlier message waits in websockets' queue, so the order holds;
-    fragmented messages, and text that is not UTF-8 (which websockets closes with 1007), take the queue.
-    """
-
-    on_message: Callable[[str | bytes], None] | None = None
-
-    def process_event(self, event: Any) -> None:
-        handler = self.on_message
-        if (
-            handler is None
-            or not isinstance(event, Frame)
-            or not event.fin
-            or event.opcode not in (Opcode.TEXT, Opcode.BINARY)
-            or getattr(getattr(self.recv_messages, "frames", None), "queue", True)  # earlier frames wait
-        ):
-            super().process_event(event)
-            return
-        data = bytes(event.data)
-        if event.opcode is Opcode.BINARY:
-            handler(data)
-            return
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            super().process_event(event)
-            return
-        handler(text)
-
-
 class Connection:
     """One client: reader, writer, watchdog and stream tasks around a sans-I/O :class:`ServerState`."""
 
@@ -466,11 +432,14 @@ class Connection:
 
     def _write_now(self, data: bytes) -> None:
         """Frame and write ``data`` at once: what ``ws.send`` does when it cannot wait, without its
-        coroutine (it runs for every audio message). The websocket protocol object frames the message;
-        the transport buffers what the socket does not take."""
-        self.ws.protocol.send_binary(data)
-        for chunk in self.ws.protocol.data_to_send():
-            self.ws.transport.write(chunk)
+        coroutine (it runs for every audio message). A DirectMessages connection writes the frame's header
+        and the message in one write; otherwise (or when websockets holds bytes to send first) websockets'
+        protocol object frames it. The transport buffers what the socket does not take."""
+        direct = self._direct
+        if direct is None or not direct.write_binary(binary_frame_header(len(data)), data):
+            self.ws.protocol.send_binary(data)
+            for chunk in self.ws.protocol.data_to_send():
+                self.ws.transport.write(chunk)
         self._sent(data)
 
     def _admit_parked(self) -> None:

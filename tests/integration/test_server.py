@@ -15,7 +15,7 @@ from websockets.frames import Frame, Opcode
 
 from streamdec.io import pcm16
 from streamdec.protocol import LATENT_HEADER, encode_latents
-from streamdec.server.connection import DirectMessages
+from streamdec.server.direct import DirectMessages
 from support.server_support import (
     POISON,
     clip,
