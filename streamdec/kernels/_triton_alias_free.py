@@ -1,4 +1,4 @@
-# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-any-return"
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-any-return,misc,assignment"
 """Triton kernels for the fused alias-free activation (imported only where Triton and CUDA exist).
 
 Math (one row ``x[0..T)`` of ``[B*C, T]``, taps ``f[0..12)``, clamp ``c(i) = min(max(i, 0), T-1)``):
@@ -9,18 +9,23 @@ Math (one row ``x[0..T)`` of ``[B*C, T]``, taps ``f[0..12)``, clamp ``c(i) = min
 * ``S(i) = snake(up[max(i, 0)])`` (the causal replicate pad 11 of the down filter);
 * ``out[t] = sum_j f[11-2j] * S(2(t-j)) + sum_r f[2r] * S(2(t-6+r)+1)``, ``j, r = 0..5``.
 
-One kernel computes exactly this, ``blocked`` (v3): each lane owns 8 consecutive outputs and evaluates
-the 26 samples of ``S`` they need once (3.25 SnakeBetas per output), no scratch and no barrier. It
-replaced two earlier versions (timings and history in ``docs/kernels.md``): ``direct`` (v1) missed the
-1e-5 bound on one H200 draw, and ``staged`` (v2, a persistent grid parking ``S`` in global scratch between
-barriers) was 2.6x slower over auk-24k's activations on an H200.
+Two kernels compute exactly this. ``halo`` (v4, the default): each lane owns 8 or 16 consecutive outputs,
+evaluates only their own upsampled samples of ``S`` (2 + 2/31 SnakeBetas per output) and takes the 11
+before its block from the lane to its left by warp shuffles. ``blocked`` (v3, kept for comparison): each
+lane owns 8 outputs and evaluates all 26 samples of ``S`` they need (3.25 SnakeBetas per output). Both
+give the same bits. They replaced two earlier versions (timings and history in ``docs/kernels.md``):
+``direct`` (v1) missed the 1e-5 bound on one H200 draw, and ``staged`` (v2, a persistent grid parking
+``S`` in global scratch between barriers) was 2.6x slower over auk-24k's activations on an H200.
 
 ``sin`` is evaluated as ``sin(r)`` with ``r = z - k*pi`` (``sin^2`` has period ``pi``) by an odd Taylor
-polynomial to ``r^13`` on ``|r| <= pi/2``: error under 1e-9 before rounding, FMA only, identical under
-the Triton interpreter.
+polynomial to ``r^13`` on ``|r| <= pi/2``: error under 1e-9 before rounding. Under the Triton interpreter
+every FMA rounds twice (numpy), so interpreted outputs differ from the GPU's in the last bits; the two
+kernels' interpreted outputs are still equal to each other, sample for sample.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -40,11 +45,29 @@ _S11: tl.constexpr = tl.constexpr(-1.0 / 39916800.0)
 _S13: tl.constexpr = tl.constexpr(1.0 / 6227020800.0)
 
 
+# The halo kernel floors by inline PTX instead of tl.floor: tl.floor comes from libdevice (its FTZ branch,
+# decided by __nvvm_reflect), and LLVM's NVVMReflect pass crashed compiling that kernel in about half the
+# runs (Triton 3.6, offline for sm_90a; a use-after-free in handleReflectFunction). The instruction is the
+# one libdevice's branch emits (cvt.rmi.ftz.f32.f32), so the bits are the same; the interpreter, which
+# runs no PTX, takes tl.floor.
+_ASM_FLOOR: tl.constexpr = tl.constexpr(not triton.knobs.runtime.interpret)
+
+
 @triton.jit
-def _snake(v, a, b):
+def _floor(v):
+    if _ASM_FLOOR:
+        return tl.inline_asm_elementwise(
+            "cvt.rmi.ftz.f32.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.floor(v)
+
+
+@triton.jit
+def _snake(v, a, b, ASM_FLOOR: tl.constexpr = False):
     """``v + b * sin(a * v)**2`` with the period-pi reduction described in the module docstring."""
     z = a * v
-    k = tl.floor(z * _INV_PI + 0.5)
+    k = _floor(z * _INV_PI + 0.5) if ASM_FLOOR else tl.floor(z * _INV_PI + 0.5)
     r = z - k * _PI_HI
     r = r - k * _PI_LO
     r2 = r * r
@@ -224,6 +247,207 @@ def _af_blocked_kernel(
             tl.atomic_max(peak_ptr + row // C, tl.max(bits, axis=1), mask=row_ok)
 
 
+# v4 "halo": every lane owns K (8 or 16) consecutive outputs and computes only their own K even and K odd
+# samples of S (one SnakeBeta per upsampled sample); the 5 even and 6 odd samples before its block, which
+# its outputs also read, it takes from the lane to its left by warp shuffles (tl.gather within a warp). The
+# first lane of every segment (a warp, or a packed row's lanes) has no left neighbour: it is a halo lane
+# whose outputs are not stored, so 32 lanes write 31 * K outputs (2 + 2/31 SnakeBetas per output). Values
+# are tuples indexed by constexprs (unrolled: shifts between named registers are free). Every sample of S
+# and every output is the blocked kernel's expression with its FMA contraction written out (_fma6,
+# _output), so the bits are the blocked kernel's (compared in the compiled PTX by the unit tests).
+@triton.jit
+def _taps(f_ptr):
+    return (
+        tl.load(f_ptr + 0), tl.load(f_ptr + 1), tl.load(f_ptr + 2), tl.load(f_ptr + 3), tl.load(f_ptr + 4),
+        tl.load(f_ptr + 5), tl.load(f_ptr + 6), tl.load(f_ptr + 7), tl.load(f_ptr + 8), tl.load(f_ptr + 9),
+        tl.load(f_ptr + 10), tl.load(f_ptr + 11),
+    )  # fmt: skip
+
+
+@triton.jit
+def _fma6(c0, c1, c2, c3, c4, c5, x0, x1, x2, x3, x4, x5):
+    """``c0*x0 + ... + c5*x5`` contracted as the blocked kernel's compiled sums are: the first product
+    rounded, then one FMA per term in order (explicit, so no compiler heuristic picks another pairing)."""
+    acc = tl.fma(c1, x1, c0 * x0)
+    acc = tl.fma(c2, x2, acc)
+    acc = tl.fma(c3, x3, acc)
+    acc = tl.fma(c4, x4, acc)
+    return tl.fma(c5, x5, acc)
+
+
+@triton.jit
+def _even(g, xs, u: tl.constexpr, a, b):
+    """E[u] = S(2(tb+u)): taps g1..g11 over x[tb+u+2 .. tb+u-3] (``xs[i] = x[tb+i-3]``)."""
+    up = _fma6(
+        g[1], g[3], g[5], g[7], g[9], g[11], xs[u + 5], xs[u + 4], xs[u + 3], xs[u + 2], xs[u + 1], xs[u]
+    )
+    return _snake(up, a, b, True)
+
+
+@triton.jit
+def _odd(g, xs, u: tl.constexpr, a, b):
+    """O[u] = S(2(tb+u)+1): taps g0..g10 over x[tb+u+3 .. tb+u-2]."""
+    up = _fma6(
+        g[0], g[2], g[4], g[6], g[8], g[10], xs[u + 6], xs[u + 5], xs[u + 4], xs[u + 3], xs[u + 2], xs[u + 1]
+    )
+    return _snake(up, a, b, True)
+
+
+@triton.jit
+def _output(f, e, o, k: tl.constexpr):
+    """``out[tb+k] = sum_j f[11-2j] E[k-j] + sum_r f[2r] O[k-6+r]`` (``e[i] = E[i-5]``, ``o[i] = O[i-6]``),
+    contracted as the blocked kernel's compiled outputs are: at a block's first output (k % 8 == 0)
+    LLVM paired ``f9 * E[-1]`` first (its operand is a select there), elsewhere ``f11 * E[k]``."""
+    first = k % 8 == 0
+    acc = tl.fma(f[11], e[k + 5], f[9] * e[k + 4]) if first else tl.fma(f[9], e[k + 4], f[11] * e[k + 5])
+    acc = tl.fma(f[7], e[k + 3], acc)
+    acc = tl.fma(f[5], e[k + 2], acc)
+    acc = tl.fma(f[3], e[k + 1], acc)
+    acc = tl.fma(f[1], e[k], acc)
+    acc = tl.fma(f[0], o[k], acc)
+    acc = tl.fma(f[2], o[k + 1], acc)
+    acc = tl.fma(f[4], o[k + 2], acc)
+    acc = tl.fma(f[6], o[k + 3], acc)
+    acc = tl.fma(f[8], o[k + 4], acc)
+    return tl.fma(f[10], o[k + 5], acc)
+
+
+@triton.jit
+def _halo_loads(base, head, tb, last, H, HAS_HEAD: tl.constexpr, K: tl.constexpr, EDGE: tl.constexpr):
+    """``x[tb - 3 .. tb + K + 2]`` of each lane's row ``cat(head, x)``, clamped to the row, as a tuple.
+
+    ``EDGE`` says what the program's loads can meet: 0 nothing (every sample lies in ``x``: one address a
+    lane, constant offsets), 1 only the row's end (a min a load), 2 anything (clamps and the head)."""
+    xs = ()
+    if EDGE == 0:
+        p = base + (tb - H)
+        for d in tl.static_range(K + 6):
+            xs = xs + (tl.load(p + (d - 3)),)  # noqa: RUF005 (no starred tuples in Triton)
+    elif EDGE == 1:
+        p = base + (tb - H)
+        for d in tl.static_range(K + 6):
+            xs = xs + (tl.load(p + tl.minimum(last - tb, d - 3)),)  # noqa: RUF005 (no starred tuples in Triton)
+    else:
+        for d in tl.static_range(K + 6):
+            xs = xs + (_load_at(base, head, tb + (d - 3), last, H, HAS_HEAD),)  # noqa: RUF005 (no starred tuples in Triton)
+    return xs
+
+
+@triton.jit
+def _from_left(v, src, WARPS: tl.constexpr):
+    """Each lane's ``v`` from lane ``src`` of its warp (a gather along a warp's 32 lanes: shuffles)."""
+    return tl.reshape(tl.gather(tl.reshape(v, [WARPS, 32]), src, 1), [WARPS * 32])
+
+
+@triton.jit
+def _join8(y0, y1, y2, y3, y4, y5, y6, y7):
+    # join adds a new minor axis, so the last join picks the lowest bit of k: pair outputs bit-reversed.
+    return tl.join(tl.join(tl.join(y0, y4), tl.join(y2, y6)), tl.join(tl.join(y1, y5), tl.join(y3, y7)))
+
+
+@triton.jit
+def _join_block(ys, K: tl.constexpr):
+    """``[lanes, K]`` from a tuple of K per-lane outputs (K = 8 or 16)."""
+    if K == 8:
+        y = _join8(ys[0], ys[1], ys[2], ys[3], ys[4], ys[5], ys[6], ys[7])
+    else:
+        y = tl.join(
+            _join8(ys[0], ys[2], ys[4], ys[6], ys[8], ys[10], ys[12], ys[14]),
+            _join8(ys[1], ys[3], ys[5], ys[7], ys[9], ys[11], ys[13], ys[15]),
+        )
+    return tl.reshape(y, [ys[0].shape[0], K])
+
+
+@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "START", "N"])
+def _af_halo_kernel(
+    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, head_ptr, H, HEAD_BATCH, START, N,
+    K: tl.constexpr, WARPS: tl.constexpr, SEG: tl.constexpr, PACKED: tl.constexpr, WITH_PEAK: tl.constexpr,
+    HAS_HEAD: tl.constexpr,
+):  # fmt: skip
+    # A row is cat(head, x) (H + T samples; H = 0 without a head); the kernel writes its outputs START ..
+    # START + N - 1 as a row of N. Programs are per batch row (program_id(1)), so nothing divides by C.
+    # Whole rows (PACKED False): a program is one channel's (program_id(0)) span of WARPS * 31 * K outputs
+    # (program_id(2)), each warp a segment, its lane 0 the halo lane. Packed short rows: a segment is one
+    # row's SEG lanes (a halo lane, then SEG - 1 lanes of K outputs), 32 // SEG rows to a warp, and a
+    # program holds WARPS * (32 // SEG) consecutive channels of one batch row.
+    lane = tl.arange(0, WARPS * 32)
+    ln = lane % 32  # lane in its warp
+    j = ln % SEG  # place in the segment; 0: the halo lane
+    batch = tl.program_id(1)
+    if PACKED:
+        RPW: tl.constexpr = 32 // SEG
+        c_wanted = tl.program_id(0) * (WARPS * RPW) + (lane // 32) * RPW + ln // SEG
+        row_ok = (c_wanted < C) & (ln < RPW * SEG)
+        c = tl.minimum(c_wanted, C - 1)  # lanes past the last row redo its work and store nothing
+        tb = START + (j - 1) * K  # first output of each lane
+        s0 = START  # first output of the program's first real lanes
+    else:
+        c = tl.program_id(0)
+        s0 = START + tl.program_id(2) * (WARPS * 31 * K)
+        tb = s0 + (lane // 32) * (31 * K) + (j - 1) * K
+    row = batch * C + c
+    a = tl.load(a_ptr + c)
+    b = tl.load(b_ptr + c)
+    f = _taps(f_ptr)
+    # Called with doubled taps: 2 * sum(c * x) exactly (as in the blocked kernel).
+    g = (2.0 * f[0], 2.0 * f[1], 2.0 * f[2], 2.0 * f[3], 2.0 * f[4], 2.0 * f[5], 2.0 * f[6], 2.0 * f[7],
+         2.0 * f[8], 2.0 * f[9], 2.0 * f[10], 2.0 * f[11])  # fmt: skip
+    base = x_ptr + row.to(tl.int64) * T
+    head = head_ptr + batch.to(tl.int64) * HEAD_BATCH + c * H
+    last = H + T - 1
+    if PACKED:
+        xs = _halo_loads(base, head, tb, last, H, HAS_HEAD, K, 2)
+    else:  # the program's loads reach x[s0 - K - 3 .. s0 + WARPS * 31 * K + 2]
+        inside = s0 - K - 3 >= H
+        if inside & (s0 + WARPS * 31 * K + 2 <= last):
+            xs = _halo_loads(base, head, tb, last, H, HAS_HEAD, K, 0)
+        elif inside:
+            xs = _halo_loads(base, head, tb, last, H, HAS_HEAD, K, 1)
+        else:
+            xs = _halo_loads(base, head, tb, last, H, HAS_HEAD, K, 2)
+    # Even phase E[u] = S(2(tb+u)), taps g1..g11 over x[tb+u+2 .. tb+u-3]; odd phase O[u] = S(2(tb+u)+1),
+    # taps g0..g10 over x[tb+u+3 .. tb+u-2]; xs[i] = x[tb+i-3].
+    es = ()
+    for u in tl.static_range(K):
+        es = es + (_even(g, xs, u, a, b),)  # noqa: RUF005 (no starred tuples in Triton)
+    os = ()
+    for u in tl.static_range(K):
+        os = os + (_odd(g, xs, u, a, b),)  # noqa: RUF005
+    # The samples before the block, from the lane to the left: E[-5..-1], O[-6..-1].
+    src = tl.reshape(tl.maximum(ln - 1, 0), [WARPS, 32])
+    ev = ()
+    for i in tl.static_range(5):
+        ev = ev + (_from_left(es[K - 5 + i], src, WARPS),)  # noqa: RUF005 (no starred tuples in Triton)
+    od = ()
+    for i in tl.static_range(6):
+        od = od + (_from_left(os[K - 6 + i], src, WARPS),)  # noqa: RUF005 (no starred tuples in Triton)
+    # S at negative positions is S(0). Only a lane at sample 0 (all 11 samples before it) or at sample 5
+    # (O[-6] = S(-1)) has any; S(0) is its E[0], or E[-5] from the lane to its left. Halo lanes may match
+    # too, harmlessly: nothing of theirs is stored.
+    at0 = tb == 0
+    s00 = tl.where(at0, es[0], ev[0])
+    ev = (s00, tl.where(at0, s00, ev[1]), tl.where(at0, s00, ev[2]), tl.where(at0, s00, ev[3]),
+          tl.where(at0, s00, ev[4]))  # fmt: skip
+    od = (tl.where(at0 | (tb == 5), s00, od[0]), tl.where(at0, s00, od[1]), tl.where(at0, s00, od[2]),
+          tl.where(at0, s00, od[3]), tl.where(at0, s00, od[4]), tl.where(at0, s00, od[5]))  # fmt: skip
+    e = ev + es  # e[i] = S(2(tb+i-5))
+    o = od + os  # o[i] = S(2(tb+i-6)+1)
+    ys = ()
+    for k in tl.static_range(K):
+        ys = ys + (_output(f, e, o, k),)  # noqa: RUF005 (no starred tuples in Triton)
+    y = _join_block(ys, K)
+    t = tb[:, None] + tl.arange(0, K)[None, :]
+    if PACKED:
+        keep = (t < START + N) & ((j >= 1) & row_ok)[:, None]
+        tl.store(out_ptr + (row.to(tl.int64) * N)[:, None] + (t - START), y, mask=keep)
+    else:
+        keep = (t < START + N) & (j >= 1)[:, None]
+        tl.store(out_ptr + row.to(tl.int64) * N + (t - START), y, mask=keep)
+    if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row; one atomic a program
+        bits = tl.where(keep, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
+        tl.atomic_max(peak_ptr + batch, tl.max(tl.max(bits, axis=1), axis=0))
+
+
 BLOCKED_K = sizing.ACTIVATION_LANE_OUTPUTS  # outputs per lane
 _MIN_LANES, _MAX_LANES = sizing.ACTIVATION_MIN_LANES, 128  # one to four warps per program
 
@@ -238,6 +462,52 @@ def lane_plan(length: int) -> tuple[int, int]:
     return lanes, lanes
 
 
+VARIANTS = ("halo", "halo8", "halo16", "blocked")
+DEFAULT_VARIANT = "halo"
+_PACKED_SEGMENT = 16  # rows that need at most this many lanes (with their halo lane) are packed
+_WHOLE_WARPS = 1  # warps of a whole-row program: each program picks its own load path (see halo_plan)
+# Issued instructions of a 16-output lane over an 8-output one (offline sm_90 SASS: 1173 against 638 on
+# the interior path, 1617 against 861 packed with a head): what halo_plan weighs lanes by.
+_LANE_COST = {8: 1.0, 16: 1.85}
+
+
+class HaloPlan(NamedTuple):
+    """One launch of the halo kernel: ``k`` outputs a lane, ``seg`` lanes to a segment (a warp, or one
+    packed row), ``warps`` per program, and the grid."""
+
+    k: int
+    packed: bool
+    seg: int
+    warps: int
+    grid: tuple[int, ...]
+
+
+def halo_plan(batch: int, channels: int, count: int, k: int | None = None) -> HaloPlan:
+    """The halo kernel's launch for ``batch x channels`` rows of ``count`` outputs, ``k`` outputs a lane
+    (8 or 16; None: whichever issues fewer instructions by :data:`_LANE_COST`).
+
+    A row that needs at most 16 lanes (its blocks of ``k`` and a halo lane) is packed, ``32 // seg`` rows
+    to a warp and four warps (or as few as its channels fill) to a program. Longer rows run in programs of
+    one warp: a program decides by itself whether its loads can meet a row edge or the head, so only a
+    row's first and last programs pay for clamps."""
+    if k is None:
+        return min((halo_plan(batch, channels, count, k) for k in (16, 8)), key=_lanes_cost)
+    seg = triton.cdiv(count, k) + 1
+    if sizing.PACK_SHORT_ROWS and seg <= _PACKED_SEGMENT:
+        per_warp = 32 // seg
+        warps = pow2_block(triton.cdiv(channels, per_warp), 1, 4)
+        return HaloPlan(k, True, seg, warps, (triton.cdiv(channels, warps * per_warp), batch))
+    span = _WHOLE_WARPS * 31 * k
+    return HaloPlan(k, False, 32, _WHOLE_WARPS, (channels, batch, triton.cdiv(count, span)))
+
+
+def _lanes_cost(plan: HaloPlan) -> float:
+    lanes = plan.warps * 32
+    for extent in plan.grid:
+        lanes *= extent
+    return lanes * _LANE_COST[plan.k]
+
+
 def launch_blocked(
     x: torch.Tensor,
     filt: torch.Tensor,
@@ -247,23 +517,49 @@ def launch_blocked(
     peak: torch.Tensor | None = None,
     head: torch.Tensor | None = None,
     start: int = 0,
+    variant: str = DEFAULT_VARIANT,
 ) -> None:
     """``x``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``;
     ``out``: contiguous ``[R, N]``, outputs ``start .. start + N - 1`` of the activation of each row
     ``cat(head, x)`` (``head`` may be None: ``[R, H]`` contiguous, or ``[B, C, H]`` whose batch rows may
     lie apart, each one's channels contiguous; ``start`` is 0 or at least 5).
 
-    One lane per 8 outputs, one warp per 32 lanes. With ``peak`` (int32 ``[rows // C]``, zeroed, or
-    holding peaks to fold in) it also raises each batch row's entry to the float32 bits of its largest
-    ``|out|``, by integer atomic max: what a float16 split convolution of ``out`` needs first."""
+    With ``peak`` (int32 ``[rows // C]``, zeroed, or holding peaks to fold in) it also raises each batch
+    row's entry to the float32 bits of its largest ``|out|``, by integer atomic max: what a float16 split
+    convolution of ``out`` needs first. ``variant`` picks the kernel (:data:`VARIANTS`): ``halo`` (the
+    default: 8 or 16 outputs a lane, by :func:`halo_plan`), ``halo8`` and ``halo16`` (either always) give
+    the bits of ``blocked``, the kernel before them, kept for comparison."""
     rows, length = x.shape
     count = out.shape[1]
     if 0 < start < 5:
         raise ValueError(f"an output window starting at {start}: start at 0 or at least 5")
+    if variant == "blocked" and start == 5:  # its fix-up takes O[-6] = S(-1) for S(10)
+        raise ValueError("the blocked kernel gives wrong outputs for a window starting at 5; use halo")
+    if variant not in VARIANTS:
+        raise ValueError(f"alias-free kernel variant {variant!r}: one of {', '.join(VARIANTS)}")
     kept, head_batch = 0, 0
     if head is not None:
         head = _rows_of(head, a.shape[0])
         kept, head_batch = head.shape[-1], head.stride(0)
+    if variant == "blocked":
+        _launch_v3(x, filt, a, b, out, peak, head, kept, head_batch, start)
+        return
+    channels = a.shape[0]
+    plan = halo_plan(rows // channels, channels, count, {"halo": None, "halo8": 8, "halo16": 16}[variant])
+    _af_halo_kernel[plan.grid](
+        x, out, filt, a, b, out if peak is None else peak, length, channels, x if head is None else head,
+        kept, head_batch, start, count, K=plan.k, WARPS=plan.warps, SEG=plan.seg, PACKED=plan.packed,
+        WITH_PEAK=peak is not None, HAS_HEAD=head is not None, num_warps=plan.warps,
+    )  # fmt: skip
+
+
+def _launch_v3(
+    x: torch.Tensor, filt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+    peak: torch.Tensor | None, head: torch.Tensor | None, kept: int, head_batch: int, start: int,
+) -> None:  # fmt: skip
+    """The blocked kernel: one lane per 8 outputs, one warp per 32 lanes."""
+    rows, length = x.shape
+    count = out.shape[1]
     row_lanes, lanes = lane_plan(count)
     grid = (triton.cdiv(rows, lanes // row_lanes), triton.cdiv(count, row_lanes * BLOCKED_K))
     _af_blocked_kernel[grid](

@@ -43,7 +43,8 @@ def _shapes() -> list[tuple[int, int, int]]:
     return shapes
 
 
-def test_kernel_equals_reference_poisoned_output() -> None:
+@pytest.mark.parametrize("variant", ["halo", "halo8", "halo16", "blocked"])
+def test_kernel_equals_reference_poisoned_output(variant: str) -> None:
     """Many batches, channel counts and lengths; the output buffer starts as NaN and must be overwritten.
 
     The kernel and the reference sum the same taps in different orders, each rounding in float32, so they
@@ -60,7 +61,9 @@ def test_kernel_equals_reference_poisoned_output() -> None:
         want = _reference(act, x)
         flat = x.view(batch * channels, length)
         out = torch.full_like(flat, float("nan"))
-        tk.launch_blocked(flat, act.filter.view(af.TAPS), act.act.alpha_exp, act.act.beta_inv, out)
+        tk.launch_blocked(
+            flat, act.filter.view(af.TAPS), act.act.alpha_exp, act.act.beta_inv, out, variant=variant
+        )
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), (batch, channels, length)
         diff = (out.view_as(x) - want).abs()
@@ -247,3 +250,51 @@ def test_window_with_peak_gives_the_window_and_the_peaks_of_history_and_window(b
     assert torch.equal(out, want)
     truth = torch.cat([before.reshape(64, -1), want.reshape(64, -1)], 1).abs().amax(1)
     assert torch.equal(peak.view(torch.float32), truth)
+
+
+def _auk_rows() -> list[tuple[int, int, int, int, int]]:
+    """``(batch, channels, x length, head length, start)``: auk-24k's activations in a 256 x 4 step (windows
+    after 10 kept samples) and a 16 x 70 decode, and edges around them."""
+    step = [(256, 768, 20), (256, 384, 80), (256, 192, 240), (256, 96, 480), (256, 48, 960), (256, 24, 1920)]
+    whole = [(16, 768, 350), (16, 384, 1400), (16, 192, 4200), (16, 24, 33600)]
+    edges = [(3, 5, t, 10, s) for t in (1, 2, 7, 30, 230, 231, 486, 487, 1000) for s in (5, 6, 8, 9)]
+    return [(b, c, t, 10, 8) for b, c, t in step] + [(b, c, t, 0, 0) for b, c, t in whole] + edges
+
+
+@pytest.mark.parametrize("pack", [True, False])
+@pytest.mark.parametrize(("batch", "channels", "length", "kept", "start"), _auk_rows())
+def test_halo_kernels_give_the_blocked_kernels_bits(
+    batch: int, channels: int, length: int, kept: int, start: int, pack: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every halo variant writes the blocked kernel's outputs and row peaks bit for bit, with a head read
+    in place (its batch rows apart, as a gathered state) or none, packed or not; where the blocked kernel
+    refuses a window (from sample 5) they are within 1e-5 of the oracle."""
+    from streamdec.kernels import _triton_alias_free as tk
+
+    monkeypatch.setattr(sizing, "PACK_SHORT_ROWS", pack)
+    act = random_activation(channels, length, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(length + start)
+    x = torch.randn(batch, channels, length, device="cuda", generator=gen) * 3
+    states = torch.randn(batch, channels * kept + 7, device="cuda", generator=gen) * 3
+    head = states[:, : channels * kept].view(batch, channels, kept) if kept else None
+    count = kept + length - start
+    args = (x.view(batch * channels, length), act.filter.view(af.TAPS), act.act.alpha_exp, act.act.beta_inv)
+    results = {}
+    for variant in ("blocked", "halo", "halo8", "halo16"):
+        if variant == "blocked" and start == 5:
+            continue
+        out = torch.full((batch * channels, count), float("nan"), device="cuda")
+        peak = torch.zeros(batch, dtype=torch.int32, device="cuda")
+        tk.launch_blocked(*args, out, peak, head, start, variant=variant)
+        results[variant] = (out, peak)
+    if start == 5:
+        whole = torch.cat([head, x], -1) if head is not None else x
+        want = af.polyphase_reference(whole, act.filter, act.act.alpha_exp, act.act.beta_inv)[..., start:]
+        for out, _ in results.values():
+            assert (out.view_as(want) - want).abs().max().item() <= 1e-5
+        return
+    ref_out, ref_peak = results["blocked"]
+    assert torch.isfinite(ref_out).all()
+    for variant, (out, peak) in results.items():
+        assert torch.equal(out, ref_out), variant
+        assert torch.equal(peak, ref_peak), variant

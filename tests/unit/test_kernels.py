@@ -1,10 +1,19 @@
-"""CPU tests of the fused-kernel package: the polyphase oracle, the custom op's plumbing, dispatch rules.
+"""CPU tests of the fused-kernel package: the polyphase oracle, the custom op's plumbing, dispatch rules,
+and the Triton kernels under the interpreter (``TRITON_INTERPRET=1`` with Triton installed) and compiled
+offline for sm_90.
 
-The Triton kernels themselves run in ``tests/gpu/test_kernels_cuda.py`` (GPU only).
+The Triton kernels' GPU runs are in ``tests/gpu/test_kernels_cuda.py``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +29,7 @@ from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels import fused_supported, polyphase_reference, set_fused
 from support.activations import random_activation
+from support.conv_cases import needs_interpreter
 
 
 def _op_args(act: AliasFreeActivation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -248,3 +258,213 @@ def test_layer_window_with_peak_hands_over_nothing_where_the_op_does_not_run() -
     out, peak = act.window_with_peak(head, x, 8, 14, torch.randn(2, 3, 4))
     assert peak is None
     assert torch.equal(out, act.window(head, x, 8, 14))
+
+
+# -- the Triton kernels, under the interpreter and compiled offline -------------------------------------
+
+
+def _launch(
+    variant: str, act: AliasFreeActivation, x: torch.Tensor, head: torch.Tensor | None, start: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's output (NaN-poisoned first) and its batch rows' peak bits, ``x`` ``[B, C, T]``."""
+    from streamdec.kernels import _triton_alias_free as tk
+
+    batch, channels, length = x.shape
+    count = (0 if head is None else head.shape[-1]) + length - start
+    out = torch.full((batch * channels, count), float("nan"))
+    peak = torch.zeros(batch, dtype=torch.int32)
+    args = (
+        x.reshape(batch * channels, length),
+        act.filter.view(af.TAPS),
+        act.act.alpha_exp,
+        act.act.beta_inv,
+    )
+    tk.launch_blocked(*args, out, peak, head, start, variant=variant)
+    return out.view(batch, channels, count), peak
+
+
+@needs_interpreter
+@pytest.mark.timeout(900)  # about two minutes of interpreted kernels on two shared cores
+@settings(max_examples=15, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    channels=st.integers(1, 12),
+    length=st.one_of(st.integers(1, 300), st.integers(900, 1200)),
+    kept=st.sampled_from([0, 10]),
+    start=st.sampled_from([0, 6, 8, 9, 13]),
+    pack=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_halo_kernels_give_the_blocked_kernels_bits(
+    batch: int, channels: int, length: int, kept: int, start: int, pack: bool, seed: int
+) -> None:  # fmt: skip
+    """Interpreted, every halo variant (8 or 16 outputs a lane, packed rows or not, every load path) writes
+    the blocked kernel's outputs and peaks bit for bit, within 1e-5 of the oracle."""
+    from streamdec.kernels import sizing
+
+    start = start if kept or start == 0 else 0
+    act = random_activation(channels, seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, channels, length, generator=gen) * 3
+    head = torch.randn(batch, channels, kept, generator=gen) * 3 if kept else None
+    whole = x if head is None else torch.cat([head, x], -1)
+    want = polyphase_reference(whole, *_op_args(act))[..., start:]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sizing, "PACK_SHORT_ROWS", pack)
+        blocked = _launch("blocked", act, x, head, start)
+        halos = {variant: _launch(variant, act, x, head, start) for variant in ("halo", "halo8", "halo16")}
+    assert (blocked[0] - want).abs().max().item() <= 1e-5
+    for variant, (out, peak) in halos.items():
+        assert torch.equal(out, blocked[0]), variant
+        assert torch.equal(peak, blocked[1]) and torch.equal(
+            peak.view(torch.float32), out.abs().amax(dim=(1, 2))
+        )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("variant", ["halo8", "halo16"])
+def test_halo_kernel_window_from_sample_5(variant: str) -> None:
+    """A window starting at 5 (its first output reads S(-1) = S(0)) is right; the blocked kernel, which
+    took S(10) there, refuses it."""
+    act = random_activation(3, 5)
+    x, head = torch.randn(2, 3, 300) * 3, torch.randn(2, 3, 10) * 3
+    want = polyphase_reference(torch.cat([head, x], -1), *_op_args(act))[..., 5:]
+    out, _ = _launch(variant, act, x, head, 5)
+    assert (out - want).abs().max().item() <= 1e-5
+    with pytest.raises(ValueError, match="starting at 5"):
+        _launch("blocked", act, x, head, 5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "channels", "count", "k", "packed"),
+    [(256, 768, 20, 8, True), (256, 384, 80, 16, True), (256, 192, 240, 16, True), (256, 24, 1920, 16, False),
+     (16, 768, 350, 16, False), (16, 24, 33600, 16, False)],
+    ids=["step-20", "step-80", "step-240", "step-1920", "decode-350", "decode-33600"],
+)  # fmt: skip
+def test_halo_plan_for_auk_24k_rows(batch: int, channels: int, count: int, k: int, packed: bool) -> None:
+    """Each row gets enough lanes (31 a warp, or its segment less the halo lane) and no whole warp more."""
+    tk = pytest.importorskip("streamdec.kernels._triton_alias_free")
+    plan = tk.halo_plan(batch, channels, count)
+    assert (plan.k, plan.packed) == (k, packed)
+    if packed:
+        rows_per_program = plan.warps * (32 // plan.seg)
+        assert (plan.seg - 1) * k >= count > (plan.seg - 2) * k
+        assert plan.grid == (-(-channels // rows_per_program), batch)
+    else:
+        assert plan.grid[:2] == (channels, batch) and plan.grid[2] == -(-count // (31 * k * plan.warps))
+
+
+def _ptx_sums(ptx: str) -> Counter[str]:
+    """The float expressions a kernel stores, one canonical string each, counted.
+
+    Leaves are loads: ``f<k>`` for the taps (``f_ptr`` plus a constant), ``x`` for any other; moves and
+    shuffles are looked through (a shuffled value is the same expression, computed by another lane), a
+    select is its second operand (the value away from a row's start, in both kernels' fix-ups), and the two
+    factors of a product commute. Two kernels with equal counts round the same products into the same
+    FMAs in the same order for every output."""
+    defs: dict[str, list[tuple[str, list[str]]]] = {}
+    roots: list[str] = []
+    for line in ptx.splitlines():
+        line = line.strip()
+        if m := re.match(r"ld\.param\.\w+\s+(%\w+),\s*\[(\w+)\]", line):
+            defs.setdefault(m[1], []).append(("param", [m[2]]))
+        elif m := re.match(
+            r"(?:@!?%p\d+\s+)?ld\.global\.\S+\s+\{\s*(%\w+)\s*\},\s*\[\s*(%\w+)\s*\+\s*(-?\d+)", line
+        ):
+            defs.setdefault(m[1], []).append(("ld", [m[2], m[3]]))
+        elif m := re.match(r"(?:@!?%p\d+\s+)?st\.(?:shared|global)\S*\s+\[[^\]]*\],\s*\{?([^};]*)\}?;", line):
+            roots += [r.strip() for r in m[1].split(",")]
+        elif m := re.match(r"([a-z][\w.]*)\s+(%\w+),\s*(.*);", line):
+            defs.setdefault(m[2], []).append((m[1], [a.strip() for a in m[3].split(",")]))
+
+    def tap(reg: str) -> int | None:
+        op, args = defs[reg][0] if len(defs.get(reg, [])) == 1 else ("", [])
+        if op == "param":
+            return 0 if args[0].endswith("_param_2") else None  # f_ptr is the third parameter
+        if op.startswith("add.s64") and re.fullmatch(r"\d+", args[1]) and (base := tap(args[0])) is not None:
+            return base + int(args[1])
+        return None
+
+    @functools.cache
+    def canon(v: str) -> str:
+        if not v.startswith("%"):
+            return v
+        forms = {one(op, args) for op, args in defs.get(v, [("undefined", [])])}
+        return forms.pop() if len(forms) == 1 else "phi{" + "|".join(sorted(forms)) + "}"
+
+    def one(op: str, args: list[str]) -> str:
+        if op == "ld":
+            offset = tap(args[0])
+            return "x" if offset is None else f"f{(offset + int(args[1])) // 4}"
+        if op.startswith(("shfl", "mov")):
+            return canon(args[0])
+        if op.startswith("selp"):
+            return canon(args[1])
+        parts = [canon(a) for a in args]
+        if op.startswith(("fma", "mul")) and op.endswith("f32"):
+            parts[:2] = sorted(parts[:2])
+        return f"{op}({','.join(parts)})"
+
+    return Counter(hashlib.sha1(canon(r).encode()).hexdigest() for r in roots if "fma" in canon(r))
+
+
+def _compile_for_sm90(kernel: Any, constants: dict[str, Any], warps: int, tmp_path: Path) -> str:
+    """``kernel`` compiled for sm_90a offline (nothing cached): its PTX, checked by ptxas for spills."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    pointers = {"x_ptr", "out_ptr", "f_ptr", "a_ptr", "b_ptr", "head_ptr"}
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {
+        n: "constexpr"
+        if n in constants
+        else "*i32"
+        if n == "peak_ptr"
+        else "*fp32"
+        if n in pointers
+        else "i32"
+        for n in names
+    }
+    constexprs = {(names.index(n),): v for n, v in constants.items()}
+    source = ASTSource(kernel, signature, constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = compiled.asm["ptx"]
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if ptxas.exists():
+        (tmp_path / "k.ptx").write_text(ptx)
+        report = subprocess.run(
+            [str(ptxas), "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+        assert " 0 bytes spill stores" in report, report
+    return ptx
+
+
+@pytest.mark.timeout(900)
+def test_halo_kernel_compiles_to_the_blocked_kernels_arithmetic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled for sm_90a without a GPU, without spills, the halo kernel (16 outputs a lane, a head and
+    peaks; 8 packed) stores the blocked kernel's expressions: its 8 outputs' two contraction patterns (a
+    block's first output pairs its products differently), 2 or 1 to 14 or 7 in a lane of 16 or 8."""
+    triton = pytest.importorskip("triton")
+    if triton.knobs.runtime.interpret:  # the kernels were then built for the interpreter (tl.floor)
+        pytest.skip("compiles for sm_90 only without TRITON_INTERPRET=1")
+    from streamdec.kernels import _triton_alias_free as tk
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile, never load a cached binary
+    v3 = {"BLOCK": 128, "K": 8, "ROW_LANES": 128, "WITH_PEAK": True, "HAS_HEAD": True}
+    blocked = _ptx_sums(_compile_for_sm90(tk._af_blocked_kernel, v3, 4, tmp_path))
+    assert sorted(blocked.values()) == [1, 7]
+    for k, warps, seg, packed in ((16, 1, 32, False), (8, 4, 4, True)):
+        constants = {
+            "K": k,
+            "WARPS": warps,
+            "SEG": seg,
+            "PACKED": packed,
+            "WITH_PEAK": True,
+            "HAS_HEAD": True,
+        }
+        halo = _ptx_sums(_compile_for_sm90(tk._af_halo_kernel, constants, warps, tmp_path))
+        assert halo == Counter({h: n * k // 8 for h, n in blocked.items()}), (k, packed)
