@@ -108,7 +108,17 @@ R = TypeVar("R")
 class _Pending:
     """One submitted request, from :meth:`DecodeEngine.submit` to its result (the :class:`Submission`)."""
 
-    __slots__ = ("_withdrawn", "cancelled", "frames", "kind", "mailbox", "on_done", "request", "ticket")
+    __slots__ = (
+        "_withdrawn",
+        "cancelled",
+        "frames",
+        "future",
+        "kind",
+        "mailbox",
+        "on_done",
+        "request",
+        "ticket",
+    )
 
     def __init__(
         self,
@@ -123,7 +133,14 @@ class _Pending:
         self.frames, self.kind = frames, kind
         self.ticket: Ticket[_Pending] | None = None  # set by the device thread when it queues it
         self.cancelled = False
+        # decode_request's future: cancelling the task that awaits it cancels it at once, before the task
+        # runs again to cancel this submission, and the device thread must see that at once too
+        self.future: asyncio.Future[DecodedAudio] | None = None
         self._withdrawn = withdrawn
+
+    def withdrawn(self) -> bool:
+        """Whether it must not be decoded (device thread)."""
+        return self.cancelled or (self.future is not None and self.future.cancelled())
 
     def cancel(self) -> None:
         """Withdraw it (loop thread): skipped wherever the device thread finds it, and taken out of the
@@ -404,6 +421,8 @@ class DecodeEngine(Engine):
             await self.start()
         future: asyncio.Future[DecodedAudio] = asyncio.get_running_loop().create_future()
         submission = self.submit(request, lambda audio, error: _settle(future, audio, error))
+        if isinstance(submission, _Pending):
+            submission.future = future
         try:
             return await future
         except asyncio.CancelledError:
@@ -465,6 +484,9 @@ class DecodeEngine(Engine):
         # once more before it waits, so an arrival appended before this read is seen either way.
         if self._sleeping:
             with self._cond:
+                # Cleared here, not when the device thread resumes: until it has the lock and the GIL
+                # back, the next turns' wakes find it awake and leave the lock alone.
+                self._sleeping = False
                 self._cond.notify_all()
 
     def _take_arrivals(self) -> None:
@@ -473,7 +495,7 @@ class DecodeEngine(Engine):
         arrivals, scheduler, stats = self._arrivals, self._scheduler, self._stats
         while arrivals:
             p = arrivals.popleft()
-            if p.cancelled:  # withdrawn before it was queued: never decoded
+            if p.withdrawn():  # withdrawn before it was queued: never decoded
                 stats.cancelled += 1
                 continue
             p.ticket = scheduler.push(p, p.frames, p.request.deadline, p.kind)
@@ -488,7 +510,7 @@ class DecodeEngine(Engine):
         """Every request not yet launched (under the lock, at close)."""
         self._take_arrivals()
         self._stats.queued = 0
-        return [p for p in self._scheduler.drain() if not p.cancelled]
+        return [p for p in self._scheduler.drain() if not p.withdrawn()]
 
     def _sleep(self, timeout: float | None) -> None:
         """Wait on the lock's condition (held) until woken or ``timeout``, unless work arrived."""
@@ -616,7 +638,7 @@ class DecodeEngine(Engine):
 
     def _launch(self, key: BucketKey, items: list[_Pending], decided: float) -> None:
         launched = time.monotonic()
-        live = [p for p in items if not p.cancelled]
+        live = [p for p in items if not p.withdrawn()]
         with self._cond:
             self._stats.cancelled += len(items) - len(live)
             queued = self._scheduler.pending
