@@ -22,6 +22,7 @@ the next emitted frame), so memory stays bounded however long the stream runs.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -536,11 +537,10 @@ class StatefulSession(_Intake):
         )  # fmt: skip
         self.policy = policy
         self.fed = 0  # frames handed to calls; `_buf` starts here
+        self.primed = False  # the first call (the prime) was cut: fed > 0 (read for every chunk)
         self._done = False
-
-    @property
-    def primed(self) -> bool:
-        return self.fed > 0
+        # the largest call before and after the prime, for call_room (asked several times per chunk)
+        self._largest_call = (policy.prime_sizes[-1], policy.step_sizes[-1])
 
     @property
     def finished(self) -> bool:
@@ -553,8 +553,7 @@ class StatefulSession(_Intake):
 
     @property
     def call_room(self) -> int:
-        largest = self.policy.step_sizes[-1] if self.primed else self.policy.prime_sizes[-1]
-        return max(0, largest - (self.received - self.fed))
+        return max(0, self._largest_call[self.primed] - (self.received - self.fed))
 
     def next_job(self, *, flush: bool = False) -> StepJob | None:
         """The next call, or None until one is due. ``flush``: the listener is about to run dry, so any
@@ -587,14 +586,18 @@ class StatefulSession(_Intake):
     def _cut(
         self, kind: Literal["prime", "step", "flush", "whole"], frames: int, emit: int | None
     ) -> StepJob:
-        latents = torch.from_numpy(self._buf[:frames].copy())
-        self._buf = self._buf[frames:]
+        buf = self._buf
+        if frames == len(buf):  # the usual call takes every pending frame: the buffer is the session's own
+            latents, self._buf = torch.from_numpy(buf), buf[:0]
+        else:
+            latents, self._buf = torch.from_numpy(buf[:frames].copy()), buf[frames:]
         start = self.fed - (self.policy.right_frames if self.primed else 0)
         if kind == "prime":
             emit = frames - self.policy.right_frames
         elif emit is None:
             emit = frames
         self.fed += frames
+        self.primed = True
         return StepJob(kind, latents, start, start + emit)
 
     def complete(self, job: StepJob, audio: torch.Tensor, s16: S16Source | None = None) -> Tile:
@@ -612,4 +615,5 @@ class StatefulSession(_Intake):
 
 
 def _largest_at_most(sizes: Sequence[int], limit: int) -> int:
-    return max(s for s in sizes if s <= limit)
+    """The largest of ascending ``sizes`` that is at most ``limit`` (one is, by the caller's check)."""
+    return sizes[bisect.bisect_right(sizes, limit) - 1]

@@ -349,14 +349,16 @@ class _StreamCore:
         """``time.monotonic()`` of the stream's first tile, None before it."""
         return self.session.first_audio_at
 
-    def _feed_at_hand(self, take: Callable[[], Any]) -> None:
-        """Feed the chunks ``take()`` has at hand (None: none) up to what the next call can take."""
+    def _feed_at_hand(self, take: Callable[[], Any]) -> bool:
+        """Feed the chunks ``take()`` has at hand (None: none) up to what the next call can take; True
+        when ``take()`` ran out (so asking it again now is pointless)."""
         session = self.session
         while session.call_room > 0 and not session.ended:
             chunk = take()
             if chunk is None:
-                return
+                return True
             session.feed(chunk)
+        return False
 
     def _engine_call(self, job: Job | StepJob) -> Coroutine[Any, Any, DecodedAudio]:
         """The engine's coroutine that decodes ``job`` (not started)."""
@@ -634,14 +636,14 @@ class PushStream(_StreamCore):
         """The next call, or None: finished (then ended), or waiting for a chunk (then a flush timer)."""
         session = self.session
         while True:
-            self._take_ready()
+            ran_out = self._take_ready()
             job = session.next_job()
             if job is not None:
                 return job
             if session.finished:
                 self._finish(None)
                 return None
-            chunk = None if session.ended else self.source.take_ready()
+            chunk = None if session.ended or ran_out else self.source.take_ready()
             if chunk is not None:
                 session.feed(chunk)
             elif not session.ended and self.source.exhausted:
@@ -652,9 +654,10 @@ class PushStream(_StreamCore):
                     self._timer = self._loop.call_later(wait, self._flush)
                 return None
 
-    def _take_ready(self) -> None:
-        """Feed chunks at hand up to what the next call can take (see ``TileStream._take_ready``)."""
-        self._feed_at_hand(self.source.take_ready)
+    def _take_ready(self) -> bool:
+        """Feed chunks at hand up to what the next call can take (see ``TileStream._take_ready``); True
+        when the source ran out."""
+        return self._feed_at_hand(self.source.take_ready)
 
     def _flush(self) -> None:
         """The flush time came with no chunk: the ready frames go out below the emission target."""
