@@ -41,6 +41,7 @@ from .admission import AdmissionController, Load, Refusal
 from .config import ServerConfig
 from .connection import Connection
 from .direct import DirectMessages
+from .eventloop import running_loop_name
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
@@ -413,6 +414,7 @@ class StreamServer:
             "capacity_source": self.admission.source,
             "capacity_probe": None if self.capacity_report is None else self.capacity_report.summary(),
             "voice": self.voice_name,
+            "event_loop": running_loop_name(),
             **self._devices(),
         }
 

@@ -18,6 +18,7 @@ from streamdec.protocol import STREAM_PATH, Limits
 from streamdec.streaming import DEFAULT_MAX_STEP, DEFAULT_MAX_STREAMS
 
 from .config import ServerConfig
+from .eventloop import EVENT_LOOPS, backend_options, running_loop_name
 
 if TYPE_CHECKING:
     from .app import StreamServer
@@ -86,6 +87,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--voice", default=None, metavar="NAME|VOICE.onnx",
                         help="speak text: a start may carry text, which this voice (piper-joe, the `voice` extra, "
                              "or a Piper .onnx file) turns into latents for its own decoder, the codec")  # fmt: skip
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
+                        help="auto (default): uvloop where it is installed (the `fast` extra), else asyncio's "
+                             "own; uvloop moves the loop's socket and callback work into C")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
 
@@ -108,7 +112,7 @@ def run_serve(args: argparse.Namespace) -> int:
         send_timeout=args.send_timeout,
         opus_bitrate=args.opus_bitrate,
     )
-    anyio.run(_serve, args, config)
+    anyio.run(_serve, args, config, backend_options=backend_options(args.event_loop))
     return 0
 
 
@@ -167,6 +171,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         if server.capacity_report is not None:
             spent.append(f"capacity probe {warmed - loaded - report.seconds:.1f} s")
         print(f"streamdec: ready {warmed - began:.1f} s after start-up began: {', '.join(spent)}", flush=True)
+        print(f"streamdec: event loop {running_loop_name()}", flush=True)
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "
               f"(health: http://{config.host}:{server.port}/healthz)", flush=True)  # fmt: skip
         await server.run_until_signalled(lambda line: print(f"streamdec: {line}", flush=True))

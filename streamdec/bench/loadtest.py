@@ -711,8 +711,9 @@ def _open_target(
         url, pid = args.url, args.server_pid
         result["server"] = {"target": "websocket", "url": url, "pid": pid}
     figures = ServerFigures(re.sub(r"^ws", "http", url.split("/v1/")[0]), pid)
-    geo = CodecGeometry.from_json(json.loads(figures.get("/healthz"))["codec"])
-    result["server"].update(engine, codec=asdict(geo))
+    health = json.loads(figures.get("/healthz"))
+    geo = CodecGeometry.from_json(health["codec"])
+    result["server"].update(engine, codec=asdict(geo), event_loop=health.get("event_loop"))
     return WebsocketTarget(url, figures, args.token), geo
 
 

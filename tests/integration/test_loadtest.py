@@ -41,6 +41,7 @@ def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
     assert env["git_commit"] and env["torch"] and env["device"] == "cpu"
     assert "loadtest" in result["command"] and "--engine simulated" in result["server"]["command"]
     assert result["server"]["codec"]["name"] == "tiny"
+    assert result["server"]["event_loop"] in ("asyncio", "uvloop")
     assert result["result"] == {
         "largest_streams": 3,
         "smallest_failing": None,
