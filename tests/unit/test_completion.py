@@ -149,7 +149,8 @@ async def test_a_failing_receiver_does_not_cost_the_others_their_results() -> No
     assert isinstance(seen[0], RuntimeError) and good.got == [(None, None)]
 
 
-_SPECIALS = (float("nan"), float("inf"), float("-inf"), 1.0, -1.0, 2.5, -3.0, 0.49999997, 1e-9)
+# 3e38: finite, but two of them overflow a float32 sum (the block's quick check), never a float64 one
+_SPECIALS = (float("nan"), float("inf"), float("-inf"), 1.0, -1.0, 2.5, -3.0, 0.49999997, 1e-9, 3e38, -3e38)
 
 
 @settings(max_examples=60, deadline=None)
@@ -158,7 +159,7 @@ _SPECIALS = (float("nan"), float("inf"), float("-inf"), 1.0, -1.0, 2.5, -3.0, 0.
     channels=st.integers(1, 3),
     samples=st.integers(1, 40),
     seed=st.integers(0, 2**31 - 1),
-    specials=st.integers(0, 4),
+    specials=st.integers(0, 6),
     data=st.data(),
 )
 def test_each_part_is_checked_and_converted_as_it_would_be_alone(
@@ -168,7 +169,7 @@ def test_each_part_is_checked_and_converted_as_it_would_be_alone(
     samples; a row that holds NaN or Inf outside a part does not fail that part."""
     rng = np.random.default_rng(seed)
     values = (rng.standard_normal((rows, channels, samples)) * 0.9).astype(np.float32)
-    for _ in range(specials):  # out-of-range and non-finite samples, anywhere
+    for _ in range(specials):  # out-of-range, huge and non-finite samples, anywhere
         at = tuple(int(rng.integers(n)) for n in values.shape)
         values[at] = _SPECIALS[int(rng.integers(len(_SPECIALS)))]
     call = CallOutput(torch.from_numpy(values.copy()))
@@ -181,6 +182,14 @@ def test_each_part_is_checked_and_converted_as_it_would_be_alone(
         assert part.all_finite() == all_finite(alone)
         if all_finite(alone):  # non-finite audio never reaches the wire (its stream ends instead)
             assert part.pcm16() == pcm16(alone)
+
+
+def test_finite_audio_whose_row_sum_overflows_is_still_finite() -> None:
+    """The block's per-row check may call huge finite audio non-finite; the part's exact check does not."""
+    call = CallOutput(torch.tensor([[[3e38, 3e38, 0.5]], [[0.1, 0.2, 0.3]]]))
+    assert call.part(0, 0, 3).all_finite() and call.part(1, 0, 3).all_finite()
+    nan = CallOutput(torch.tensor([[[3e38, float("nan"), 0.5]]]))
+    assert not nan.part(0, 0, 3).all_finite() and nan.part(0, 2, 3).all_finite()
 
 
 def test_a_part_built_without_a_call_computes_both_itself() -> None:
