@@ -223,6 +223,8 @@ class DecodeEngine(Engine):
         self.codec = codec
         self.max_streams = max_streams
         self.net = StatefulNet(codec) if max_streams else None
+        # the fewest frames each kind of stateful call takes
+        self._least_frames = {"prime": self.net.min_prime_frames, "step": 1, "flush": 0} if self.net else {}
         self._slots = SlotAllocator(max_streams) if max_streams else None
         if hold_lead is not None and hold_lead < 0:
             raise ConfigError(f"hold_lead must be >= 0 seconds or None, got {hold_lead}")
@@ -532,19 +534,16 @@ class DecodeEngine(Engine):
             )
 
     def _check_step(self, request: StepRequest) -> None:
-        net = self.net
-        if net is None:
+        if self.net is None:
             raise EngineError("decode_step() on an engine without max_streams: use mode='halo'")
-        z = request.latents
-        if z.dim() != 2 or z.shape[1] != self.latent_dim:
-            raise ShapeError(
-                f"step latents have shape {tuple(z.shape)}: expected [frames, {self.latent_dim}]"
-            )
-        least = {"prime": net.min_prime_frames, "step": 1, "flush": 0}.get(request.kind)
+        shape = request.latents.shape  # read once: every call of every stream passes here
+        if len(shape) != 2 or shape[1] != self.latent_dim:
+            raise ShapeError(f"step latents have shape {tuple(shape)}: expected [frames, {self.latent_dim}]")
+        least = self._least_frames.get(request.kind)
         if least is None:
             raise ConfigError(f"unknown stateful call {request.kind!r}: expected 'prime', 'step' or 'flush'")
-        if z.shape[0] < least:
-            raise ShapeError(f"a {request.kind} takes at least {least} frames, got {z.shape[0]}")
+        if shape[0] < least:
+            raise ShapeError(f"a {request.kind} takes at least {least} frames, got {shape[0]}")
         if not 0 <= request.slot < self.max_streams:
             raise ConfigError(f"slot {request.slot} is outside 0..{self.max_streams - 1}")
 
