@@ -50,7 +50,6 @@ from streamdec.codecs.layers import (
 )
 from streamdec.errors import CodecError
 from streamdec.kernels.conv import joined_residual
-from streamdec.kernels.sizing import activation_packs_rows
 
 if TYPE_CHECKING:
     from streamdec.codecs.base import Codec
@@ -267,11 +266,11 @@ class Leaf(Stateful):
     def step_before(self, x: Tensor, states: StateIO, conv: Conv) -> tuple[Tensor, Tensor | None]:
         """:meth:`step`, and the row peaks that ``conv``'s float16 split of its history and this output
         needs, where the fused activation takes them as it writes (None elsewhere: the split takes its
-        own). Rows short enough to be packed several to a program keep the split's own peak pass: there
-        every lane raised its row's peak atomically, and the contention made a 256 x 4 step of auk-24k
-        take 79 ms instead of 43 on an H200."""
+        own). Packed short rows too: the activation's kernel raises a peak once a program, all of whose rows
+        lie in one batch row (an earlier kernel raised one a lane there, and that contention made a 256 x 4
+        step of auk-24k take 79 ms instead of 43 on an H200)."""
         head = self._history(x, states)
-        if conv.conv.takes_peak(x) and not activation_packs_rows(x.shape[-1]):
+        if conv.conv.takes_peak(x):
             before = states.get(conv.index) if conv.state_len else None
             out, peak = self.layer.window_with_peak(head, x, self.a, x.shape[-1], before)
         else:
