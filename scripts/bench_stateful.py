@@ -25,6 +25,7 @@ from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
 from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S, DEFAULT_MAX_INFLIGHT
+from streamdec.session import FIRST_CALL_DUE_S
 from streamdec.streaming import StreamDecoder
 
 
@@ -58,6 +59,10 @@ def main() -> None:
         help="how long before a deadline held work must be done (the engine's hold_lead)",
     )  # fmt: skip
     ap.add_argument(
+        "--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3,
+        help="how long after it is submitted a stream's first call is due (StreamDecoder's first_call_due)",
+    )  # fmt: skip
+    ap.add_argument(
         "--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT,
         help="replays queued on the device at once (the engine's max_inflight)",
     )  # fmt: skip
@@ -89,7 +94,7 @@ async def _run(args: argparse.Namespace) -> None:
         settings = ConcurrencySettings(
             streams=streams, seconds=args.seconds, burst=args.burst, stagger=args.stagger,
             prebuffer_ms=args.prebuffer_ms, min_emit=args.min_emit, max_emit=max_emit,
-            ttfa_limit_ms=args.ttfa_limit_ms, timeline=args.timeline,
+            ttfa_limit_ms=args.ttfa_limit_ms, timeline=args.timeline, first_call_ms=args.first_call_ms,
         )  # fmt: skip
         slots = max(streams) + 8 if mode == "stateful" else 0
         engine = DecodeEngine(
@@ -101,8 +106,9 @@ async def _run(args: argparse.Namespace) -> None:
         result.result["modes"][mode] = entry
         try:
             decoder = StreamDecoder(
-                codec, mode=mode, min_emit=args.min_emit, max_emit=max_emit, engine=engine
-            )
+                codec, mode=mode, min_emit=args.min_emit, max_emit=max_emit, engine=engine,
+                first_call_due=args.first_call_ms / 1e3,
+            )  # fmt: skip
             began = time.perf_counter()
             report = await decoder.warmup()
             entry["warmup"] = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from .errors import (
 )
 from .planning import StreamPlanner, default_window_sizes, plan_tiles
 from .session import (
+    FIRST_CALL_DUE_S,
     FlushPolicy,
     Job,
     SessionOptions,
@@ -90,6 +92,9 @@ class StreamDecoder:
     codec's device, built with ``engine_options``. ``listener_prebuffer`` is how long a listener buffers
     before playing (100 ms, as a browser AudioWorklet player does): it sets each stream's deadline, which
     orders the engine's work and decides when ready frames are flushed below the emission target.
+    ``first_call_due`` is how long after it is submitted a stream's first call is due (80 ms): a longer
+    one lets a busy engine batch the first calls of more streams that start together, at the price of
+    their first audio coming later.
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class StreamDecoder:
         engine: Engine | None = None,
         allow_non_finite: bool = False,
         listener_prebuffer: float = 0.1,
+        first_call_due: float = FIRST_CALL_DUE_S,
         **engine_options: Any,
     ) -> None:
         self.codec = codec
@@ -122,7 +128,9 @@ class StreamDecoder:
         if listener_prebuffer < 0:
             raise ConfigError(f"listener_prebuffer must be >= 0 seconds, got {listener_prebuffer}")
         self.listener_prebuffer = listener_prebuffer
-        self.flush_policy = FlushPolicy(prebuffer_s=listener_prebuffer)
+        if not (math.isfinite(first_call_due) and first_call_due >= 0):
+            raise ConfigError(f"first_call_due must be a finite number of seconds >= 0, got {first_call_due}")
+        self.flush_policy = FlushPolicy(prebuffer_s=listener_prebuffer, first_call_s=first_call_due)
         self.policy: StepPolicy | None = None
         if self.mode == "stateful":
             if engine is None:

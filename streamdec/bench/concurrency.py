@@ -35,7 +35,7 @@ from .. import settings
 from ..codecs import Codec
 from ..engine import Engine
 from ..planning import StreamPlanner
-from ..session import StatefulSession, StepPolicy
+from ..session import FIRST_CALL_DUE_S, StatefulSession, StepPolicy
 from ..streaming import StreamDecoder
 from .common import Budget, Latents, Progress
 from .meta import UtilSampler
@@ -67,6 +67,8 @@ class ConcurrencySettings:
     max_emit: int
     ttfa_limit_ms: float
     seed: int = 0
+    # how long after it is submitted a stream's first call is due (StreamDecoder(first_call_due=...))
+    first_call_ms: float = FIRST_CALL_DUE_S * 1e3
     # each point's device calls (the engine's record) and underruns on one clock, for finding stalls
     timeline: bool = False
 
@@ -202,9 +204,10 @@ class ServerThread:
     """
 
     def __init__(
-        self, codec: Codec, engine: Engine, min_emit: int, max_emit: int, max_connections: int
-    ) -> None:
-        self.codec, self.engine = codec, engine
+        self, codec: Codec, engine: Engine, min_emit: int, max_emit: int, max_connections: int,
+        first_call_due: float = FIRST_CALL_DUE_S,
+    ) -> None:  # fmt: skip
+        self.codec, self.engine, self.first_call_due = codec, engine, first_call_due
         self.min_emit, self.max_emit, self.max_connections = min_emit, max_emit, max_connections
         self.url = ""
         self._ready = threading.Event()
@@ -235,8 +238,9 @@ class ServerThread:
         from streamdec.server import ServerConfig, StreamServer
 
         decoder = StreamDecoder(
-            self.codec, min_emit=self.min_emit, max_emit=self.max_emit, engine=self.engine
-        )
+            self.codec, min_emit=self.min_emit, max_emit=self.max_emit, engine=self.engine,
+            first_call_due=self.first_call_due,
+        )  # fmt: skip
         config = ServerConfig(  # no capacity probe: this bench measures concurrency itself
             host="127.0.0.1", port=0, max_connections=self.max_connections, send_timeout=60.0,
             probe_capacity=False,
@@ -365,7 +369,10 @@ async def sweep(
     left, right = codec.context_frames()
     frame_s = codec.hop_size / codec.sample_rate
     frames = round(s.seconds / frame_s)
-    decoder = StreamDecoder(codec, mode=mode, min_emit=s.min_emit, max_emit=s.max_emit, engine=engine)  # type: ignore[arg-type]
+    decoder = StreamDecoder(
+        codec, mode=mode, min_emit=s.min_emit, max_emit=s.max_emit, engine=engine,  # type: ignore[arg-type]
+        first_call_due=s.first_call_ms / 1e3,
+    )  # fmt: skip
     if decoder.policy is not None:
         first_chunk, ideal_tiles = simulate_stateful(
             decoder.policy, codec.latent_dim, frames, s.burst, frame_s
@@ -394,7 +401,9 @@ async def sweep(
     paths: list[tuple[str, Any]] = [("decoder", via_decoder)]
     server: ServerThread | None = None
     if websocket:
-        server = ServerThread(codec, engine, s.min_emit, s.max_emit, max(s.streams) + 8)
+        server = ServerThread(
+            codec, engine, s.min_emit, s.max_emit, max(s.streams) + 8, first_call_due=s.first_call_ms / 1e3
+        )
 
         async def via_websocket(clips: list[torch.Tensor], records: list[_Record], t0: float) -> None:
             assert server is not None

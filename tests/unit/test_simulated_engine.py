@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -187,3 +188,29 @@ async def test_stateful_streams_keep_their_own_lag_state(codec: Any) -> None:
 def test_stateful_without_slots_is_refused(codec: Any) -> None:
     with pytest.raises(ConfigError, match="max_streams"):
         StreamDecoder(codec, engine=simulated_engine(codec), mode="stateful")
+
+
+@pytest.mark.parametrize("due", [0.05, 0.3])
+async def test_a_streams_first_call_is_due_first_call_due_after_it_is_made(codec: Any, due: float) -> None:
+    """The first call's deadline (what the engine batches first calls by) follows ``first_call_due``."""
+    engine = simulated_engine(codec, max_streams=2)
+    made: list[tuple[float, float]] = []  # (monotonic clock at submit, the request's deadline)
+    submit = engine.submit
+
+    def recording(request: Any, on_done: Any) -> Any:
+        made.append((time.monotonic(), request.deadline))
+        return submit(request, on_done)
+
+    engine.submit = recording  # type: ignore[method-assign]
+    clip = torch.randn(24, codec.latent_dim, generator=torch.Generator().manual_seed(3))
+    async with StreamDecoder(codec, engine=engine, mode="stateful", first_call_due=due) as dec:
+        tiles = [t async for t in dec.decode_tiles([clip])]
+    assert tiles and made
+    submitted, deadline = made[0]
+    assert deadline - submitted == pytest.approx(due, abs=0.02)
+
+
+@pytest.mark.parametrize("due", [-0.01, float("nan"), float("inf")])
+def test_a_bad_first_call_due_is_a_config_error(codec: Any, due: float) -> None:
+    with pytest.raises(ConfigError, match="first_call_due"):
+        StreamDecoder(codec, engine=simulated_engine(codec, max_streams=2), first_call_due=due)
