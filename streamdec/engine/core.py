@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 import torch
 
 from ..codecs.stateful import StatefulNet
@@ -69,7 +70,7 @@ from .base import (
 from .completion import Completer, HostCompleter, Inflight, Mailbox, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .output import DecodedAudio
-from .scheduler import DEFAULT_BATCH_BUCKETS, BucketKey, CostFn, Scheduler, Ticket, linear_cost
+from .scheduler import BucketKey, CostFn, Scheduler, Ticket, linear_cost
 from .simulated import SimulatedCost, SimulatedTier, call_seconds
 from .slots import SlotAllocator, StatePool
 
@@ -78,7 +79,9 @@ __all__ = [
     "DEFAULT_HOLD_LEAD_S",
     "DEFAULT_MAX_INFLIGHT",
     "DEFAULT_STEP_FRAME_BUDGET",
+    "DEFAULT_WINDOW_BATCH_LIMIT",
     "DecodeEngine",
+    "default_batch_buckets",
 ]
 
 #: how long before its deadline a replay must end, however few rows it fills: the trip to the listener,
@@ -98,6 +101,25 @@ DEFAULT_EDGE_BATCH_LIMIT = 16
 DEFAULT_MAX_INFLIGHT = 2
 #: rows x frames of the largest stateful replay: 256 real-time streams of 4-frame chunks in one replay
 DEFAULT_STEP_FRAME_BUDGET = 1024
+#: the largest default batch of halo windows: a window graph's memory grows with its whole window, and
+#: halo streams rarely fill more (at 32 real-time streams an H200 averaged 2.8 windows a replay)
+DEFAULT_WINDOW_BATCH_LIMIT = 64
+#: the largest default batch of stateful steps: on an H200 a 256 x 4 step of auk-24k costs 33.9 us a
+#: frame, a 64 x 4 one 46.5, and 512 rows cost no less a frame than 256 (bench/results/h200/
+#: stateful-384-448-512.json, profile-stateful-step-parts.txt)
+DEFAULT_STEP_BATCH_LIMIT = 256
+
+
+def default_batch_buckets(max_streams: int) -> tuple[int, ...]:
+    """Powers of two from 1 up to what ``max_streams`` slots can fill, at least
+    :data:`DEFAULT_WINDOW_BATCH_LIMIT` and at most :data:`DEFAULT_STEP_BATCH_LIMIT`: without slots, the
+    halo windows' buckets alone."""
+    top = DEFAULT_WINDOW_BATCH_LIMIT
+    while top < min(max_streams, DEFAULT_STEP_BATCH_LIMIT):
+        top *= 2
+    return tuple(1 << i for i in range(top.bit_length()))
+
+
 # device calls kept for recent_calls(): at a replay every few milliseconds, the last minute or more
 _CALLS_KEPT = 20_000
 
@@ -170,7 +192,10 @@ class DecodeEngine(Engine):
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
 
-    * ``batch_buckets`` - batch sizes graphs are captured for (default 1, 2, 4, ..., 64).
+    * ``batch_buckets`` - batch sizes graphs are captured for. Default (:func:`default_batch_buckets`):
+      powers of two up to 64, or up to what the slots can fill (at most 256) for stateful steps, with halo
+      windows kept to 64 (``DEFAULT_WINDOW_BATCH_LIMIT``). Buckets given here are every kind's, windows
+      included, within ``edge_batch_limit`` and ``step_frame_budget``.
     * ``graphs`` - use CUDA graphs at all (``STREAMDEC_NO_GRAPHS=1`` forces False).
     * ``compile`` - ``torch.compile`` the bucket graphs (``STREAMDEC_NO_COMPILE=1`` forces False).
     * ``compile_dynamic`` - ``"batch"`` (default: the batch dimension is traced dynamic, so one compile
@@ -198,7 +223,7 @@ class DecodeEngine(Engine):
         hold_lead: float | None = DEFAULT_HOLD_LEAD_S,
         edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
         step_frame_budget: int = DEFAULT_STEP_FRAME_BUDGET,
-        batch_buckets: Iterable[int] = DEFAULT_BATCH_BUCKETS,
+        batch_buckets: Iterable[int] | None = None,
         graphs: bool = True,
         compile: bool = True,
         compile_dynamic: Literal["none", "batch", "all"] = "batch",
@@ -272,11 +297,12 @@ class DecodeEngine(Engine):
         self._measured: dict[BucketKey, float] = {}
         self._device_free_at = -math.inf  # when the replays launched so far should have finished
         self._busy = BusyMeter(BUSY_AVERAGE_S)
+        kind_limits = dict.fromkeys(("prime", "flush"), edge_batch_limit)
+        if batch_buckets is None:
+            batch_buckets = default_batch_buckets(max_streams)
+            kind_limits["window"] = DEFAULT_WINDOW_BATCH_LIMIT
         self._scheduler: Scheduler[_Pending] = Scheduler(
-            batch_buckets,
-            cost=self._cost,
-            kind_limits=dict.fromkeys(("prime", "flush"), edge_batch_limit),
-            frame_budget=step_frame_budget,
+            batch_buckets, cost=self._cost, kind_limits=kind_limits, frame_budget=step_frame_budget
         )
         self.batch_buckets = self._scheduler.batch_buckets
         self._pad_cpu = pad.to("cpu", torch.float32)
@@ -340,7 +366,10 @@ class DecodeEngine(Engine):
     async def warmup(self, window_sizes: tuple[int, ...]) -> WarmupReport:
         """Compile/capture one graph per (batch bucket, window size); time each replay for the scheduler."""
         await self.start()
-        keys = [BucketKey(b, int(f)) for f in sorted(set(window_sizes)) for b in self.batch_buckets]
+        sched = self._scheduler
+        keys = [
+            BucketKey(b, int(f)) for f in sorted(set(window_sizes)) for b in sched.buckets_for("window", f)
+        ]
         if self.simulated is not None:
             return self._simulated_warmup(keys)
         return await self._call_on_device(lambda: self._warm(keys))
@@ -705,9 +734,11 @@ class DecodeEngine(Engine):
 
     def _slots_of(self, live: list[_Pending], rows: int) -> torch.Tensor:
         """Slot index per row ``[rows]`` int64 on the host; padding rows take the pool's scratch slot."""
-        slots = torch.full((rows,), self.max_streams, dtype=torch.int64)
-        slots[: len(live)] = torch.tensor([p.request.slot for p in live], dtype=torch.int64)  # type: ignore[union-attr]
-        return slots
+        slots = [p.request.slot for p in live]  # type: ignore[union-attr]
+        if rows > len(slots):
+            slots += [self.max_streams] * (rows - len(slots))
+        # one array from a list and a tensor over it: a third of the time of torch.tensor (every call)
+        return torch.from_numpy(np.array(slots, dtype=np.int64))
 
     def _stage(self, live: list[_Pending], rows: int, pin: bool) -> torch.Tensor:
         """Stacked window latents ``[rows, frames, D]`` on the host; rows past ``len(live)`` are padding."""
@@ -834,6 +865,11 @@ class DecodeEngine(Engine):
     def measured_replay_ms(self) -> dict[BucketKey, float]:
         """Replay time of every graph measured at warm-up, by bucket (what the scheduler's cost model uses)."""
         return dict(self._measured)
+
+    def buckets_for(self, kind: str, frames: int) -> tuple[int, ...]:
+        """The batch buckets a call of ``kind`` (``"window"``, ``"prime"``, ``"step"``, ``"flush"``) and
+        ``frames`` frames may take: the graphs warm-up captures for it."""
+        return self._scheduler.buckets_for(kind, frames)
 
     def step_replay_ms(self) -> dict[str, float | None]:
         """Measured replay time of every stateful graph, keyed ``"kind BATCHxFRAMES"``."""

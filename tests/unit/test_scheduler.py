@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
+from streamdec.codecs import load_codec
 from streamdec.engine.base import WindowRequest
-from streamdec.engine.core import BusyMeter, DecodeEngine
+from streamdec.engine.core import BusyMeter, DecodeEngine, default_batch_buckets
 from streamdec.engine.scheduler import BucketKey, Scheduler, linear_cost, normalise_buckets, plan_cover
 from streamdec.errors import ConfigError, EngineClosedError, ShapeError
 
@@ -429,3 +430,26 @@ def test_env_flags_turn_tiers_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAMDEC_NO_COMPILE", "1")
     engine = DecodeEngine(FakeCodec())  # type: ignore[arg-type]
     assert not engine.options.graphs and not engine.options.compile
+
+
+@pytest.mark.parametrize(
+    ("slots", "top"), [(0, 64), (1, 64), (64, 64), (65, 128), (200, 256), (448, 256), (4096, 256)]
+)
+def test_default_batch_buckets_follow_the_slots(slots: int, top: int) -> None:
+    buckets = default_batch_buckets(slots)
+    assert buckets[0] == 1 and buckets[-1] == top
+    assert buckets == tuple(2**i for i in range(len(buckets)))
+
+
+def test_a_stateful_engine_steps_in_large_buckets_and_keeps_windows_small() -> None:
+    """By default real-time steps fill what the slots allow (within the frame budget); windows, primes
+    and flushes keep their own limits; buckets given explicitly are every kind's."""
+    codec = load_codec("tiny")
+    engine = DecodeEngine(codec, max_streams=448)
+    assert engine.buckets_for("step", 4)[-1] == 256
+    assert engine.buckets_for("step", 16)[-1] == 64  # 1,024 rows x frames
+    assert engine.buckets_for("window", 70)[-1] == 64
+    assert engine.buckets_for("prime", 12)[-1] == engine.buckets_for("flush", 4)[-1] == 16
+    assert DecodeEngine(codec, max_streams=32).buckets_for("step", 4)[-1] == 64
+    explicit = DecodeEngine(codec, max_streams=448, batch_buckets=(1, 8, 128))
+    assert explicit.buckets_for("window", 70) == explicit.buckets_for("step", 4) == (1, 8, 128)
