@@ -103,6 +103,9 @@ class StreamServer:
         self.warm = False
         self.shutting_down = False
         self._connections: set[Connection] = set()
+        # len(conn.streams) summed over _connections, kept by the connections as streams come and go:
+        # admission reads it at every start, and a sum over every connection there is O(streams) each
+        self._open_streams = 0
         self._per_client: Counter[str] = Counter()
         self._handshaking = 0
         self._server: Server | None = None
@@ -256,8 +259,13 @@ class StreamServer:
 
     @property
     def open_streams(self) -> int:
-        """Wire streams whose task is still running, on all connections."""
-        return sum(len(conn.streams) for conn in self._connections)
+        """Wire streams open (started and not yet done), on all connections."""
+        return self._open_streams
+
+    def streams_changed(self, conn: Connection, delta: int) -> None:
+        """``conn`` opened (+1) or forgot (-1) a stream; a connection already gone counts no more."""
+        if conn in self._connections:
+            self._open_streams += delta
 
     # -- admission ---------------------------------------------------------------------------------
     def load(self) -> Load:
@@ -290,6 +298,7 @@ class StreamServer:
         try:
             await conn.run()
         finally:
+            self._open_streams -= len(conn.streams)  # what it still holds (a run cut short) goes with it
             self._connections.discard(conn)
             self._per_client[client] -= 1
             if self._per_client[client] <= 0:

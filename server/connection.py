@@ -552,6 +552,7 @@ class Connection:
         if msg.format == OPUS_FORMAT:
             stream.opus = OpusEncoder(codec.sample_rate, codec.channels, self.config.opus_bitrate)
         self.streams[msg.stream] = stream
+        self.server.streams_changed(self, 1)
         self._control(self.state.started(msg.stream))
         try:
             # latents_checked: ServerState checked every latent message already, so the session skips
@@ -685,4 +686,5 @@ class Connection:
             self.server.metrics.streams["lost"] += 1
         if self.streams.get(stream.id) is stream:
             del self.streams[stream.id]
+            self.server.streams_changed(self, -1)
             self.last_activity = time.monotonic()

@@ -35,9 +35,9 @@ class CallOutput:
         rows = int(values.shape[0])
         # Exact per row, and it raises no floating-point warning, so it needs no np.errstate (whose
         # context manager costs as much as the pass itself on a call's block): half the time of a float32
-        # sum under errstate.
-        self.finite_rows: np.ndarray = np.isfinite(values.reshape(rows, -1)).all(axis=1)
-        self._all_finite = bool(self.finite_rows.all())
+        # sum under errstate. Reduced by the ufunc itself: ndarray.all() is a Python wrapper around it.
+        self.finite_rows: np.ndarray = np.logical_and.reduce(np.isfinite(values.reshape(rows, -1)), axis=1)
+        self._all_finite = bool(np.logical_and.reduce(self.finite_rows))
         self._rows = samples.unbind(0)  # each row's view, made in one call
         self._s16: np.ndarray | None = None
 

@@ -152,9 +152,11 @@ class SimulatedTier:
         n = int(latents.shape[1])
         self._wait([n] * int(latents.shape[0]))
         r = self.right_frames
-        new = latents[:, :, 0].float()  # [rows, n]
+        new = latents[:, :, 0]  # [rows, n]
+        if new.dtype != torch.float32:
+            new = new.float()
         seq = new if kind == "prime" else torch.cat([self.tails.index_select(0, slots), new], dim=1)
-        emitted = {"prime": n - r, "step": n, "flush": n + r}[kind]
+        emitted = n - r if kind == "prime" else n if kind == "step" else n + r
         if kind != "flush":
             self.tails.index_copy_(0, slots, seq[:, seq.shape[1] - r :])
         return stand_in_frames(seq[:, :emitted], self.period, self.channels)
