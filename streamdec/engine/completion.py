@@ -49,6 +49,8 @@ __all__ = [
     "Waiter",
 ]
 
+#: what an Inflight holds once its output was handed out: one shared empty tensor, not one per call
+_NO_OUTPUT = torch.empty(0)
 #: what a loop's mailbox holds: a request, and its audio or the error that ended it
 Result = tuple["Awaiting", DecodedAudio | None, BaseException | None]
 
@@ -143,7 +145,7 @@ class Inflight:
     def cut(self, posts: _Posts) -> None:
         """Each live waiter's part of the output (views of one :class:`CallOutput`) into ``posts``."""
         live = [w for w in self.waiters if not w.awaiting.cancelled]  # withdrawn in flight: dropped
-        host, self.host = self.host, torch.empty(0)
+        host, self.host = self.host, _NO_OUTPUT
         if not live:
             return
         # One copy for the whole call: the engine may reuse its buffer, and a pinned one goes back to the

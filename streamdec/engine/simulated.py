@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError
@@ -100,16 +101,20 @@ def sine_period(hop: int) -> torch.Tensor:
     return torch.sin(torch.arange(hop, dtype=torch.float64) * (2 * math.pi / hop)).float()
 
 
-def stand_in_frames(first: torch.Tensor, period: torch.Tensor, channels: int) -> torch.Tensor:
+def stand_in_frames(first: torch.Tensor | np.ndarray, period: torch.Tensor, channels: int) -> torch.Tensor:
     """``[..., channels, n * hop]`` float32 stand-in audio of frames whose first latent is ``first`` ``[..., n]``.
 
-    The gain is computed in float64 and rounded once: PyTorch's CPU ``tanh`` takes a vectorised path for
-    most elements and a scalar one for a remainder, which may differ in the last float32 bit, and a frame's
-    audio must not depend on where in a batch it sat.
+    The gain is computed in float64 and rounded once: a vectorised ``tanh`` may take another path for a
+    remainder of elements, which may differ in the last float32 bit, and a frame's audio must not depend on
+    where in a batch it sat. In numpy: it runs on the engine's device thread for every call, and each torch
+    call there releases the GIL and takes it back, which costs the event loop a hand-off while it is busy.
     """
-    gain = (0.2 + 0.3 * torch.tanh(first.double())).float()  # never silent, bounded well inside [-1, 1]
-    mono = (gain[..., :, None] * period).flatten(-2).unsqueeze(-2)  # [..., 1, n * hop], a fresh tensor
-    return mono.expand(*mono.shape[:-2], channels, -1).clone() if channels > 1 else mono
+    values = first.numpy() if isinstance(first, torch.Tensor) else first
+    gain = (0.2 + 0.3 * np.tanh(values.astype(np.float64))).astype(np.float32)  # never silent, inside [-1, 1]
+    mono = (gain[..., :, None] * period.numpy()).reshape(*gain.shape[:-1], 1, -1)  # [..., 1, n * hop], fresh
+    if channels > 1:
+        mono = np.broadcast_to(mono, (*mono.shape[:-2], channels, mono.shape[-1])).copy()
+    return torch.from_numpy(mono)
 
 
 def stand_in_audio(request: WindowRequest, period: torch.Tensor, channels: int) -> torch.Tensor:
@@ -136,7 +141,7 @@ class SimulatedTier:
 
     def __post_init__(self) -> None:
         self.period = sine_period(self.hop)
-        self.tails = torch.zeros(self.slots + 1, self.right_frames)  # [slots + 1, right_frames]
+        self.tails = np.zeros((self.slots + 1, self.right_frames), np.float32)  # [slots + 1, right_frames]
 
     def windows(self, latents: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """``[rows, channels, (hi - lo) * hop]`` for frames ``lo:hi`` of windows ``[rows, frames, D]``."""
@@ -152,13 +157,14 @@ class SimulatedTier:
         n = int(latents.shape[1])
         self._wait([n] * int(latents.shape[0]))
         r = self.right_frames
-        new = latents[:, :, 0]  # [rows, n]
-        if new.dtype != torch.float32:
-            new = new.float()
-        seq = new if kind == "prime" else torch.cat([self.tails.index_select(0, slots), new], dim=1)
+        if latents.dtype != torch.float32:
+            latents = latents.float()
+        new = latents.numpy()[:, :, 0]  # [rows, n]; numpy, as stand_in_frames says why
+        rows = slots.numpy()
+        seq = new if kind == "prime" else np.concatenate([self.tails[rows], new], axis=1)
         emitted = n - r if kind == "prime" else n if kind == "step" else n + r
         if kind != "flush":
-            self.tails.index_copy_(0, slots, seq[:, seq.shape[1] - r :])
+            self.tails[rows] = seq[:, seq.shape[1] - r :]
         return stand_in_frames(seq[:, :emitted], self.period, self.channels)
 
     def _wait(self, window_frames: list[int]) -> None:
