@@ -63,6 +63,8 @@ class ClientPlan:
 class ClientReport:
     records: list[StreamRecord] = field(default_factory=list)
     send_late_ms: list[float] = field(default_factory=list)  # how late chunks left, vs their schedule
+    # the in-process target: how late its event loop took each chunk, vs its schedule (the decoder's lag)
+    pull_late_ms: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
     latent_messages: int = 0
     error: str | None = None

@@ -3,10 +3,16 @@
 ``streamdec loadtest --target decoder`` measures what the decoder holds without the websocket path, in a
 process of its own (:func:`decoder_main`) that loads the codec and engine as ``streamdec serve`` does,
 warms up once, and then runs each point's streams as async generators feeding ``decode_tiles``. It
-records the same :class:`~streamdec.bench.loadstats.StreamRecord` fields as the websocket clients (a
-chunk counts as sent when the decoder pulls it), so both targets go through one analysis and one sweep,
-and "the websocket path holds X % of what StreamDecoder holds" compares like with like. The load
-generator shares this process's event loop here, as an in-process caller's would.
+records the same :class:`~streamdec.bench.loadstats.StreamRecord` fields as the websocket clients, so
+both targets go through one analysis and one sweep, and "the websocket path holds X % of what
+StreamDecoder holds" compares like with like.
+
+The streams' generators share this process's event loop, as an in-process caller's would, so they are
+a schedule, not a load generator that can fall behind: a chunk counts as sent at its scheduled time (a
+TTS model producing latents in real time elsewhere does not wait for this loop). When the loop takes a
+chunk late, that lateness is the decoder's own, as a websocket server's late read of a socket is the
+server's: it counts against the stream's first audio and its listener, and is reported apart
+(``pull_late_ms``), never as a late load generator (which would void the run).
 """
 
 from __future__ import annotations
@@ -96,14 +102,14 @@ async def _one(
     async def chunks() -> AsyncIterator[torch.Tensor]:
         begin = t0 + plan.offset_s
         for k, start in enumerate(range(0, plan.frames, run.chunk_frames)):
-            delay = begin + k * run.period_s - time.monotonic()
+            due = begin + k * run.period_s
+            delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            now = time.monotonic()
-            report.send_late_ms.append(max(0.0, now - begin - k * run.period_s) * 1000.0)
+            report.pull_late_ms.append(max(0.0, time.monotonic() - due) * 1000.0)
             report.latent_messages += 1
-            record.first_sent = now if k == 0 else record.first_sent
-            record.decodable_sent = now if k == plan.decodable_chunk else record.decodable_sent
+            record.first_sent = due if k == 0 else record.first_sent
+            record.decodable_sent = due if k == plan.decodable_chunk else record.decodable_sent
             yield latents[start : start + run.chunk_frames]
         if record.decodable_sent is None:
             record.decodable_sent = time.monotonic()

@@ -402,6 +402,7 @@ def run_point(
         "processes": processes,
         "cpu_s_per_stream_s": round(sum(r.cpu_s for r in reports) / audio_s, 5) if audio_s else None,
         "send_late_ms": distribution([x for r in reports for x in r.send_late_ms]),
+        "pull_late_ms": distribution([x for r in reports for x in r.pull_late_ms]),
         "errors": [r.error for r in reports if r.error][:5],
     }
     point["worst_stream"] = _worst_stream(records, summaries)

@@ -60,6 +60,7 @@ def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
     # the modelled device took 1 ms a call at least: busy a little, never more than the wall time
     assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
     assert run["messages_per_s"]["latents_in"] > 0 and run["messages_per_s"]["audio_out"] > 0
+    assert run["clients"]["send_late_ms"]["n"] > 0 and run["clients"]["pull_late_ms"]["n"] == 0
 
 
 def test_decoder_target_runs_the_same_streams_into_one_streamdecoder(tmp_path: Path) -> None:
@@ -72,6 +73,37 @@ def test_decoder_target_runs_the_same_streams_into_one_streamdecoder(tmp_path: P
     server = run["server"]
     assert server["cpu_s"] > 0 and server["loop_lag_ms"]["p99"] is not None
     assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
+    # a schedule in the decoder's own loop is never a late load generator; its loop's lag is reported
+    assert run["clients"]["send_late_ms"]["n"] == 0 and run["clients"]["pull_late_ms"]["n"] > 0
+
+
+async def test_a_late_loop_counts_against_the_decoder_target_not_its_schedule() -> None:
+    """The in-process target's chunks count as sent when due: a loop that takes them late delays the
+    stream's first audio as measured (as a websocket server's late read does), and shows as pull lateness."""
+    import asyncio
+    import time
+
+    from streamdec.bench.loadclient import ClientReport, StreamPlan
+    from streamdec.bench.loaddecoder import DecoderOptions, DecoderRun, _build, _one
+    from streamdec.bench.loadstats import StreamRecord
+
+    decoder = await _build(DecoderOptions("tiny", "cpu", "simulated", "0,0", "auto", 4, 64, None, slots=2))
+    try:
+        plan = StreamPlan(index=0, seed=1, frames=16, offset_s=0.0, decodable_chunk=1)
+        run = DecoderRun(
+            (plan,), chunk_frames=4, period_s=0.02, latent_dim=decoder.codec.latent_dim, sampled=-1
+        )
+        record, report = StreamRecord(0, 16), ClientReport()
+        t0 = time.monotonic() + 0.05
+        asyncio.get_running_loop().call_later(0.06, time.sleep, 0.2)  # the loop stalls across chunks 0-1
+        await _one(decoder, plan, run, t0, record, report)
+    finally:
+        await decoder.aclose()
+        gc.unfreeze()
+    assert record.status == "completed" and record.arrivals
+    assert record.first_sent == pytest.approx(t0) and record.decodable_sent == pytest.approx(t0 + 0.02)
+    assert max(report.pull_late_ms) >= 150 and not report.send_late_ms
+    assert record.arrivals[0][0] - record.decodable_sent >= 0.15  # first audio after the stall, as measured
 
 
 @pytest.mark.parametrize("engine", ["auto", "simulated"])
