@@ -66,7 +66,9 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                              "where the codec supports it); halo: overlapping windows that recompute context")  # fmt: skip
     parser.add_argument("--slots", type=int, default=None,
                         help="stateful: stream slots allocated at start (default: --max-streams-total, else "
-                             f"{DEFAULT_MAX_STREAMS}); a stream beyond them is refused")  # fmt: skip
+                             f"{DEFAULT_MAX_STREAMS}); a stream beyond them is refused. Steps batch up to what "
+                             "the slots fill (at most 256 streams a replay), so more slots mean more and larger "
+                             "graphs at start-up")  # fmt: skip
     parser.add_argument("--min-emit", type=int, default=4, help="frames in a stream's first tile")
     parser.add_argument("--max-emit", type=int, default=None,
                         help=f"largest tile or step, in frames (default {DEFAULT_MAX_STEP} stateful, 64 halo)")  # fmt: skip
