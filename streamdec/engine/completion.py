@@ -124,6 +124,9 @@ class Inflight:
     began: torch.cuda.Event | None = None
     on_finish: Callable[[Inflight], None] | None = None
     error: BaseException | None = None
+    # ``host`` is this call's own fresh memory on the CPU (a call made on the host), not a buffer the engine
+    # reuses: its parts are views of it, with no copy
+    owned: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def elapsed_s(self) -> float | None:
@@ -149,10 +152,11 @@ class Inflight:
         if not live:
             return
         # One copy for the whole call: the engine may reuse its buffer, and a pinned one goes back to the
-        # caching host allocator now. Made outside inference mode (the device thread decodes in it, and
-        # the host completer runs there), so callers may write to their audio.
+        # caching host allocator now; a call's own memory is only seen again as a tensor made outside
+        # inference mode. Either way made outside inference mode (the device thread decodes in it, and the
+        # host completer runs there), so callers may write to their audio.
         with torch.inference_mode(False):
-            output = CallOutput(host.clone())
+            output = CallOutput(torch.from_numpy(host.numpy()) if self.owned else host.clone())
         for w in live:
             a = w.awaiting
             posts.setdefault(a.mailbox, []).append((a, output.part(w.row, w.lo, w.hi), None))

@@ -812,8 +812,9 @@ class DecodeEngine(Engine):
         return self._host_inflight(out, waiters, began)
 
     def _host_inflight(self, out: torch.Tensor, waiters: list[Waiter], began: float) -> Inflight:
-        """A call the host finished already (no events): its output and how long it took."""
-        item = Inflight(out, waiters, None, None, on_finish=self._finished)
+        """A call the host finished already (no events): its output (fresh memory of its own, handed out
+        without a copy) and how long it took."""
+        item = Inflight(out, waiters, None, None, on_finish=self._finished, owned=True)
         item.extra["seconds"] = time.perf_counter() - began
         return item
 
