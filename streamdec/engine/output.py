@@ -38,7 +38,9 @@ class CallOutput:
         # sum under errstate. Reduced by the ufunc itself: ndarray.all() is a Python wrapper around it.
         self.finite_rows: np.ndarray = np.logical_and.reduce(np.isfinite(values.reshape(rows, -1)), axis=1)
         self._all_finite = bool(np.logical_and.reduce(self.finite_rows))
-        self._rows = samples.unbind(0)  # each row's view, made in one call
+        # each row's view, over the block's memory: torch.from_numpy keeps the GIL, where unbind (as any
+        # torch op) releases it and takes it back, a hand-off to a waiting event loop on every call
+        self._rows = list(map(torch.from_numpy, values))
         self._s16: np.ndarray | None = None
 
     def part(self, row: int, lo: int, hi: int) -> DecodedAudio:
