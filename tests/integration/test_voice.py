@@ -18,7 +18,7 @@ from streamdec.codecs.vits import voice_files
 from streamdec.errors import UnknownPhonemeError
 from streamdec.voice import DEMO_TEXT, VoiceSettings, text_latents
 from streamdec.voice.cli import say
-from support.voice import codec, reference_decode, voice
+from support.voice import codec, needs_espeak, reference_decode, voice
 
 torch.set_num_threads(2)
 WER_BOUND = 0.35
@@ -118,6 +118,7 @@ def _wav_seconds(path: Path) -> float:
         return f.getnframes() / f.getframerate()
 
 
+@needs_espeak
 def test_say_command_writes_speech(tmp_path: Path) -> None:
     """`streamdec say TEXT OUT.wav` prints each sentence and writes a 22,050 Hz WAV."""
     out = tmp_path / "said.wav"

