@@ -100,7 +100,7 @@ async def _one(
     pcm: list[bytes] = []
 
     async def chunks() -> AsyncIterator[torch.Tensor]:
-        begin = t0 + plan.offset_s
+        begin = due = t0 + plan.offset_s
         for k, start in enumerate(range(0, plan.frames, run.chunk_frames)):
             due = begin + k * run.period_s
             delay = due - time.monotonic()
@@ -111,8 +111,8 @@ async def _one(
             record.first_sent = due if k == 0 else record.first_sent
             record.decodable_sent = due if k == plan.decodable_chunk else record.decodable_sent
             yield latents[start : start + run.chunk_frames]
-        if record.decodable_sent is None:
-            record.decodable_sent = time.monotonic()
+        if record.decodable_sent is None:  # the end makes it decodable: sent with the last chunk
+            record.decodable_sent = due
 
     try:
         async with decoder.decode_tiles(chunks()) as tiles:

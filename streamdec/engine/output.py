@@ -54,12 +54,13 @@ class CallOutput:
         """The whole block in s16 ``[rows, channels, samples]``, converted on first use."""
         s16 = self._s16
         if s16 is None:  # two loops may race here: both compute the same values, either is kept
+            values = self.samples.numpy()
             if self._all_finite:  # the usual block: no NaN to cast, so no warning to silence
-                s16 = self._s16 = s16_values(self.samples.numpy())
-                return s16
-            # Rows that are not finite are converted too (to values nobody sends: their streams end).
-            with np.errstate(invalid="ignore"):
-                s16 = self._s16 = s16_values(self.samples.numpy())
+                s16 = s16_values(values)
+            else:  # rows that are not finite are converted too (to values nobody sends: their streams end)
+                with np.errstate(invalid="ignore"):
+                    s16 = s16_values(values)
+            self._s16 = s16
         return s16
 
 
