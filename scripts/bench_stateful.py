@@ -119,6 +119,7 @@ async def _run(args: argparse.Namespace) -> None:
                 "state_bytes_per_stream": engine.net.state_bytes() if engine.net is not None else 0,
                 "failed": list(report.failed),
                 "replay_ms": engine.step_replay_ms(),
+                "empty_replay_ms": engine.step_empty_ms(),
             }
             decoder.freeze()
             result.save()

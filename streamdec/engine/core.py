@@ -732,11 +732,14 @@ class DecodeEngine(Engine):
             [Waiter(p, row, a - lo, b - lo) for row, (p, (a, b)) in enumerate(zip(live, spans, strict=True))],
         )
 
-    def _slots_of(self, live: list[_Pending], rows: int) -> torch.Tensor:
-        """Slot index per row ``[rows]`` int64 on the host; padding rows take the pool's scratch slot."""
+    def _slots_of(self, live: list[_Pending], rows: int, count: bool = False) -> torch.Tensor:
+        """Slot index per row ``[rows]`` int64 on the host; padding rows take the pool's scratch slot.
+        ``count``: then the number of real rows (``[rows + 1]``, a captured call's static slots)."""
         slots = [p.request.slot for p in live]  # type: ignore[union-attr]
         if rows > len(slots):
             slots += [self.max_streams] * (rows - len(slots))
+        if count:
+            slots.append(len(live))
         # one array from a list and a tensor over it: a third of the time of torch.tensor (every call)
         return torch.from_numpy(np.array(slots, dtype=np.int64))
 
@@ -765,7 +768,7 @@ class DecodeEngine(Engine):
         host_in = self._stage(live, rows, pin=True)
         began = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        slots = self._slots_of(live, rows).pin_memory() if key.kind != "window" else None
+        slots = self._slots_of(live, rows, graph is not None).pin_memory() if key.kind != "window" else None
         with torch.cuda.stream(stream):
             began.record(stream)
             if graph is not None:
@@ -876,6 +879,15 @@ class DecodeEngine(Engine):
         """Measured replay time of every stateful graph, keyed ``"kind BATCHxFRAMES"``."""
         return {
             f"{k.kind} {k.batch}x{k.frames}": g.replay_ms
+            for k, g in self.tiers.buckets.items()
+            if k.kind != "window"
+        }
+
+    def step_empty_ms(self) -> dict[str, float | None]:
+        """Replay time of every stateful graph with no real row (its kernels skip padding rows): what a
+        bucket costs by itself, keyed as :meth:`step_replay_ms`."""
+        return {
+            f"{k.kind} {k.batch}x{k.frames}": g.empty_ms
             for k, g in self.tiers.buckets.items()
             if k.kind != "window"
         }

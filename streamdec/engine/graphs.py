@@ -105,7 +105,10 @@ class CapturedGraph:
     static_out: Tensor  # [batch, channels, frames * hop] float32 on the device
     generation: int  # -1 for the permanent bucket pool
     replay_ms: float | None = None
-    static_slots: Tensor | None = None  # [batch] int64 state slots of a stateful call (kind != "window")
+    # A stateful call's (kind != "window") [batch + 1] int64: each row's state slot, then how many rows
+    # are real (the first ones; the kernels skip the rest).
+    static_slots: Tensor | None = None
+    empty_ms: float | None = None  # a stateful replay with no real row: what the bucket costs by itself
 
 
 @dataclass(eq=False)
@@ -376,6 +379,10 @@ class GraphTiers:
             captured = CapturedGraph(key, tier, graph, static_in, static_out, generation, None, static_slots)
             timing = time.perf_counter()
             captured.replay_ms = self._time_replay(captured)
+            if static_slots is not None:
+                static_slots[key.batch] = 0
+                captured.empty_ms = self._time_replay(captured)
+                static_slots[key.batch] = key.batch
             done = time.perf_counter()
         for name, seconds in (
             ("eager", recording - began),
@@ -422,14 +429,17 @@ class GraphTiers:
             yield
 
     def _plain_call(self, key: BucketKey) -> tuple[Forward, Tensor | None]:
-        """The uncompiled call for ``key``; a stateful call reads its slots from a static index tensor
-        that the graph keeps (every row the scratch slot until a replay writes the real ones)."""
+        """The uncompiled call for ``key``; a stateful call reads its slots and its count of real rows
+        from a static tensor that the graph keeps (every row the scratch slot, and every row real, until
+        a replay writes the real ones)."""
         if key.kind == "window":
             return self.forward, None
         pool = self._state_pool()
-        slots = torch.full((key.batch,), pool.scratch, dtype=torch.int64, device=self.device)
+        static = torch.full((key.batch + 1,), pool.scratch, dtype=torch.int64, device=self.device)
+        static[key.batch] = key.batch
+        slots, live = static[: key.batch], static[key.batch :]
         call = pool.fn(key.kind)
-        return (lambda z: call(slots, z)), slots
+        return (lambda z: call(slots, z, live)), static
 
     def _state_pool(self) -> StatePool:
         if self.state is None:

@@ -10,23 +10,32 @@ place), and each layer scatters its new state into the pool once it has computed
 Reads come from the call's copy and writes go to the pool, so no write can change what a later layer
 reads. Padding rows of a batch bucket point at the extra last row, a scratch slot nobody owns, so they
 never touch a live stream's state (several padding rows write it at once: whichever wins, nobody reads it).
+A captured call also reads how many of its rows are real (``live``, beside the slot indices), and its
+kernels skip the padding rows (:mod:`streamdec.kernels.rows`): a bucket costs what its streams cost, not
+what its size would.
 
 Slot bookkeeping (:class:`SlotAllocator`) is pure Python; the engine's lock guards it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from ..codecs.stateful import StatefulNet
 from ..errors import ConfigError, TooManyStreamsError
+from ..kernels.rows import live_rows
 
 __all__ = ["SlotAllocator", "StatePool", "StepFn"]
 
-StepFn = Callable[[Tensor, Tensor], Tensor]  # (slot indices [B] int64, latents [B, T, D]) -> audio
+
+class StepFn(Protocol):
+    """A batched stateful call: slot indices ``[B]`` int64 and latents ``[B, T, D]`` -> audio; ``live``
+    (``[1]`` int64 on the device), if given, is how many of the rows are real (the rest are padding)."""
+
+    def __call__(self, slots: Tensor, z: Tensor, live: Tensor | None = None) -> Tensor: ...
 
 
 class SlotAllocator:
@@ -106,14 +115,20 @@ class StatePool:
             return self.flush
         raise ConfigError(f"unknown stateful call {kind!r}: expected 'prime', 'step' or 'flush'")
 
-    def prime(self, slots: Tensor, z: Tensor) -> Tensor:
-        return self.net.prime_into(z, self._io(slots))
+    # ``live``: a one-element device tensor, the number of real rows (the first ones; the rest are
+    # padding the kernels skip), or None: every row is real.
 
-    def step(self, slots: Tensor, z: Tensor) -> Tensor:
-        return self.net.step_with(z, self._io(slots))
+    def prime(self, slots: Tensor, z: Tensor, live: Tensor | None = None) -> Tensor:
+        with live_rows(live):
+            return self.net.prime_into(z, self._io(slots))
 
-    def flush(self, slots: Tensor, z: Tensor) -> Tensor:
-        return self.net.flush_with(z, self._io(slots))
+    def step(self, slots: Tensor, z: Tensor, live: Tensor | None = None) -> Tensor:
+        with live_rows(live):
+            return self.net.step_with(z, self._io(slots))
+
+    def flush(self, slots: Tensor, z: Tensor, live: Tensor | None = None) -> Tensor:
+        with live_rows(live):
+            return self.net.flush_with(z, self._io(slots))
 
 
 class _GatheredStates:

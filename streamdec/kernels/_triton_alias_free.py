@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from streamdec.kernels import sizing
+from streamdec.kernels.rows import live_count
 from streamdec.kernels.sizing import pow2_block
 
 _INV_PI: tl.constexpr = tl.constexpr(0.3183098861837907)
@@ -360,9 +361,9 @@ def _join_block(ys, K: tl.constexpr):
 
 @triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "START", "N"])
 def _af_halo_kernel(
-    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, head_ptr, H, HEAD_BATCH, START, N,
+    x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, head_ptr, H, HEAD_BATCH, START, N, live_ptr,
     K: tl.constexpr, WARPS: tl.constexpr, SEG: tl.constexpr, PACKED: tl.constexpr, WITH_PEAK: tl.constexpr,
-    HAS_HEAD: tl.constexpr,
+    HAS_HEAD: tl.constexpr, HAS_LIVE: tl.constexpr = False,
 ):  # fmt: skip
     # A row is cat(head, x) (H + T samples; H = 0 without a head); the kernel writes its outputs START ..
     # START + N - 1 as a row of N. Programs are per batch row (program_id(1)), so nothing divides by C.
@@ -374,6 +375,10 @@ def _af_halo_kernel(
     ln = lane % 32  # lane in its warp
     j = ln % SEG  # place in the segment; 0: the halo lane
     batch = tl.program_id(1)
+    # live_ptr: [1] int64, batch rows at or past it are padding (streamdec.kernels.rows)
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= tl.load(live_ptr):
+            return
     if PACKED:
         RPW: tl.constexpr = 32 // SEG
         c_wanted = tl.program_id(0) * (WARPS * RPW) + (lane // 32) * RPW + ln // SEG
@@ -546,10 +551,12 @@ def launch_blocked(
         return
     channels = a.shape[0]
     plan = halo_plan(rows // channels, channels, count, {"halo": None, "halo8": 8, "halo16": 16}[variant])
+    live = live_count()
     _af_halo_kernel[plan.grid](
         x, out, filt, a, b, out if peak is None else peak, length, channels, x if head is None else head,
-        kept, head_batch, start, count, K=plan.k, WARPS=plan.warps, SEG=plan.seg, PACKED=plan.packed,
-        WITH_PEAK=peak is not None, HAS_HEAD=head is not None, num_warps=plan.warps,
+        kept, head_batch, start, count, a if live is None else live, K=plan.k, WARPS=plan.warps,
+        SEG=plan.seg, PACKED=plan.packed, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
+        HAS_LIVE=live is not None, num_warps=plan.warps,
     )  # fmt: skip
 
 
@@ -580,12 +587,24 @@ def _rows_of(head: torch.Tensor, channels: int) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["ROW", "STRIDE"])
-def _row_peak_kernel(x_ptr, peak_ptr, ROW, STRIDE, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+def _row_peak_kernel(
+    x_ptr,
+    peak_ptr,
+    live_ptr,
+    ROW,
+    STRIDE,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+    HAS_LIVE: tl.constexpr = False,
+):
     """``peak_ptr[b]`` <- the float32 bits of ``max |x[b]|`` over the ``ROW <= STEPS * BLOCK`` contiguous
     samples of batch row ``b`` (``STRIDE`` apart): one program per row, so the result is stored, not
     raised atomically, and needs no zeroed buffer. (A static trip count: a loop to a runtime bound does
     not run under the Triton interpreter.)"""
     row = tl.program_id(0)
+    if HAS_LIVE:  # noqa: SIM102 (as in the halo kernel)
+        if row >= tl.load(live_ptr):
+            return
     base = x_ptr + row.to(tl.int64) * STRIDE
     best = tl.zeros([BLOCK], dtype=tl.int32)
     for step in tl.static_range(STEPS):
@@ -607,7 +626,11 @@ def row_peaks(x: torch.Tensor) -> torch.Tensor:
     if batch and channels * length:
         row = channels * length
         steps = pow2_block(triton.cdiv(row, _PEAK_BLOCK), 1, 1 << 30)  # few trip counts: few compiles
-        _row_peak_kernel[(batch,)](x, peak, row, x.stride(0), BLOCK=_PEAK_BLOCK, STEPS=steps, num_warps=4)
+        live = live_count()
+        _row_peak_kernel[(batch,)](
+            x, peak, peak if live is None else live, row, x.stride(0), BLOCK=_PEAK_BLOCK, STEPS=steps,
+            HAS_LIVE=live is not None, num_warps=4,
+        )  # fmt: skip
     elif batch:
         peak.zero_()
     return peak

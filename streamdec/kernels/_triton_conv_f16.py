@@ -41,6 +41,7 @@ from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels.conv import check_residual_parts, joined_residual
 from streamdec.kernels.f16_launch import Launch, Tiles, channels_as_n, plan, plan_channels
+from streamdec.kernels.rows import live_count
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
 # A residual in two parts (see :func:`_residual_tile`): its strides and the first part's length, runtime values.
@@ -65,6 +66,7 @@ def _conv1d_f16x3_kernel(
     res_ptr,  # [B, COUT, TOUT] added to y (read only when HAS_RES); with RES_PARTS its first part
     tail_ptr,  # with RES_PARTS: the residual's second part (below)
     out_ptr,  # SPLIT: [NCHUNK, B, COUT, TOUT] chunk sums; else y [B, COUT, TOUT]
+    live_ptr,  # [1] int64 (read only when HAS_LIVE): rows at or past it are padding (streamdec.kernels.rows)
     B,
     CP,
     COUT,
@@ -88,6 +90,7 @@ def _conv1d_f16x3_kernel(
     BLOCK_K: tl.constexpr,
     ROWS: tl.constexpr,  # batch rows a program covers: BLOCK_N // ROWS samples of each (short rows packed)
     PRODUCTS: tl.constexpr,  # 3: the split products ("fp16x3"); 1: heads only ("fp16"), tails never read
+    HAS_LIVE: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -100,6 +103,9 @@ def _conv1d_f16x3_kernel(
         batch = pid_z * ROWS
         first = 0
         last = NCHUNK
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= tl.load(live_ptr):  # padding rows only (they come last): nothing to compute
+            return
     ROW_N: tl.constexpr = BLOCK_N // ROWS
     m0 = pid_m * BLOCK_M
     n0 = pid_n * ROW_N
@@ -176,6 +182,7 @@ def _conv1d_f16x3_cn_kernel(
     res_ptr,
     tail_ptr,
     out_ptr,  # y [B, COUT, TOUT]
+    live_ptr,  # as above
     B,
     CP,
     COUT,
@@ -197,6 +204,7 @@ def _conv1d_f16x3_cn_kernel(
     BLOCK_O: tl.constexpr,  # output channels a program (N)
     BLOCK_K: tl.constexpr,
     PRODUCTS: tl.constexpr,
+    HAS_LIVE: tl.constexpr = False,
 ):
     """The kernel above with the output channels along N (:func:`streamdec.kernels.f16_launch.plan_channels`):
     ``y^T[t, o] = sum x[t, c] w[o, c]`` for a ``BLOCK_T`` x ``BLOCK_O`` tile of one batch row. Each step
@@ -205,6 +213,9 @@ def _conv1d_f16x3_cn_kernel(
     pid_t = tl.program_id(0)
     pid_o = tl.program_id(1)
     batch = tl.program_id(2)
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= tl.load(live_ptr):
+            return
     t0 = pid_t * BLOCK_T
     o0 = pid_o * BLOCK_O
     k_blocks = CP // BLOCK_K
@@ -328,6 +339,7 @@ def _chunk_sum_kernel(
     res_ptr,
     tail_ptr,
     y_ptr,  # [B, COUT, TOUT]
+    live_ptr,  # [1] int64 (read only when HAS_LIVE): rows at or past it are padding
     PLANE,  # B * COUT * TOUT: one chunk's sums
     COUT,
     TOUT,
@@ -342,11 +354,15 @@ def _chunk_sum_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    HAS_LIVE: tl.constexpr = False,
 ):
     """Add the chunk sums in chunk order, from zero, as the one-program path does; then unscale."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     batch = tl.program_id(2)
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= tl.load(live_ptr):
+            return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_m < COUT)[:, None] & (offs_n < TOUT)[None, :]
@@ -382,11 +398,13 @@ def _chunk_sum_kernel(
 def _interleave_kernel(
     src_ptr,  # [B, PHASES * PER_PHASE, T]: phase p's channels are rows p * PER_PHASE ...
     dst_ptr,  # [B, PER_PHASE, T * PHASES]
+    live_ptr,  # [1] int64 (read only when HAS_LIVE): rows at or past it are padding
     PER_PHASE,
     T,
     PHASES,
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    HAS_LIVE: tl.constexpr = False,
 ):
     """``dst[b, c, t * PHASES + p] = src[b, p * PER_PHASE + c, t]``, tiled over the output so that the
     stores run contiguously; the loads gather from ``PHASES`` rows, each in short contiguous runs. (Written
@@ -395,6 +413,9 @@ def _interleave_kernel(
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     batch = tl.program_id(2)
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= tl.load(live_ptr):
+            return
     length = T * PHASES
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_out = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -417,11 +438,16 @@ def _pow2_from_amax(bits):
 
 
 @triton.jit(do_not_specialize=["ROW", "STRIDE"])
-def _row_amax_kernel(x_ptr, amax_ptr, ROW, STRIDE, BLOCK: tl.constexpr):
+def _row_amax_kernel(
+    x_ptr, amax_ptr, live_ptr, ROW, STRIDE, BLOCK: tl.constexpr, HAS_LIVE: tl.constexpr = False
+):
     """``amax_ptr[b]`` (int32, zeroed) <- the float32 bits of ``max |x[b]|`` over the ``ROW`` contiguous
     samples of batch row ``b`` (rows ``STRIDE`` apart): non-negative floats order as their bits, so an
     integer atomic max is exact and independent of the programs' order."""
     row = tl.program_id(1)
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if row >= tl.load(live_ptr):
+            return
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     values = tl.load(x_ptr + row.to(tl.int64) * STRIDE + offs, mask=offs < ROW, other=0.0)
     tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
@@ -436,6 +462,7 @@ def _split_kernel(
     hi_ptr,  # [B, T_OUT, CP] float16, channels-last: T_OUT = PAD_LEFT + H + T + right padding
     lo_ptr,
     inv_ptr,  # [B] float32: 2**-k
+    live_ptr,  # [1] int64 (read only when HAS_LIVE): rows at or past it are padding
     C,
     H,
     HEAD_BATCH,
@@ -446,6 +473,7 @@ def _split_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
     WRITE_LO: tl.constexpr,  # False for the single-product precision, which reads heads only
+    HAS_LIVE: tl.constexpr = False,
 ):
     """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded ``cat(head, x)``, bit for bit, in
     one pass: the padding is written here (zeros split to zeros) and the two parts are read where they
@@ -453,6 +481,9 @@ def _split_kernel(
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     row = tl.program_id(2)
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if row >= tl.load(live_ptr):
+            return
     scale, inverse = _pow2_from_amax(tl.load(amax_ptr + row))
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_out = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -515,18 +546,21 @@ def split_f16(
     inverse = torch.empty(batch, dtype=torch.float32, device=x.device)
     if batch == 0 or length == 0:
         return hi, lo, inverse
+    live = live_count()
+    live_arg = amax if live is None else live  # never read without HAS_LIVE
     if peak is None:  # a row of padding only has peak 0, as the zeroed amax says
         for part in (head, x):
             row = channels * part.shape[-1]
             if row > 0:
                 _row_amax_kernel[(triton.cdiv(row, 4096), batch)](
-                    part, amax, row, part.stride(0), BLOCK=4096, num_warps=8
-                )
+                    part, amax, live_arg, row, part.stride(0), BLOCK=4096, HAS_LIVE=live is not None,
+                    num_warps=8,
+                )  # fmt: skip
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](
-        head if kept else x, x, amax, hi, lo, inverse, channels, kept, head.stride(0) if kept else 0,
+        head if kept else x, x, amax, hi, lo, inverse, live_arg, channels, kept, head.stride(0) if kept else 0,
         samples, padded, pad_left, length,
-        BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, num_warps=4,
+        BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, HAS_LIVE=live is not None, num_warps=4,
     )  # fmt: skip
     return hi, lo, inverse
 
@@ -625,6 +659,8 @@ def conv1d_f16x3(
     )
     pointers = (x_inv, w_inv, bias_arg, res_arg, tail_arg, out)
     sizes = (batch, cp, cout, tin, tout, dilation, launch.chunk_steps, launch.chunks, ksize, *res_sizes)
+    live = live_count()
+    live_arg = x_inv if live is None else live  # never read without HAS_LIVE
     flags = {
         "HAS_RES": residual is not None or residual_head is not None, "RES_PARTS": residual_head is not None,
         "HAS_BIAS": bias is not None, "SPLIT": launch.split, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
@@ -640,14 +676,15 @@ def conv1d_f16x3(
     else:
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, TensorDescriptor)
         _conv1d_f16x3_kernel[launch.grid](
-            *descs, *pointers, *sizes, **flags, PRODUCTS=products, num_warps=launch.warps,
-            num_stages=launch.stages,
+            *descs, *pointers, live_arg, *sizes, **flags, PRODUCTS=products, HAS_LIVE=live is not None,
+            num_warps=launch.warps, num_stages=launch.stages,
         )  # fmt: skip
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
-            out, x_inv, w_inv, bias_arg, res_arg, tail_arg, y, batch * cout * tout, cout, tout, launch.chunks,
-            *res_sizes, HAS_RES=residual is not None or residual_head is not None,
-            RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128, num_warps=4,
+            out, x_inv, w_inv, bias_arg, res_arg, tail_arg, y, live_arg, batch * cout * tout, cout, tout,
+            launch.chunks, *res_sizes, HAS_RES=residual is not None or residual_head is not None,
+            RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128,
+            HAS_LIVE=live is not None, num_warps=4,
         )  # fmt: skip
     return y
 
@@ -679,12 +716,13 @@ def _conv_channels_n(
     wh, wl = (TensorDescriptor(w, [ksize * cout, cp], [cp, 1], w_box) for w in (w_hi, w_lo))
     bias_arg = bias if bias is not None else x_inv  # never read without HAS_BIAS
     res_arg, tail_arg, res_sizes = _residual_args(residual_head, residual, y)
+    live = live_count()
     _conv1d_f16x3_cn_kernel[launch.grid](
-        xh, xl, wh, wl, x_inv, w_inv, bias_arg, res_arg, tail_arg, y,
+        xh, xl, wh, wl, x_inv, w_inv, bias_arg, res_arg, tail_arg, y, x_inv if live is None else live,
         batch, cp, cout, tin, tout, dilation, launch.chunk_steps, launch.chunks, ksize, *res_sizes,
         HAS_RES=residual is not None or residual_head is not None, RES_PARTS=residual_head is not None,
         HAS_BIAS=bias is not None, BLOCK_T=launch.block_t, BLOCK_O=launch.block_o, BLOCK_K=launch.block_k,
-        PRODUCTS=products, num_warps=launch.warps, num_stages=launch.stages,
+        PRODUCTS=products, HAS_LIVE=live is not None, num_warps=launch.warps, num_stages=launch.stages,
     )  # fmt: skip
     return y
 
@@ -735,9 +773,13 @@ def interleave(y: torch.Tensor, phases: int) -> torch.Tensor:
     """``[B, s * C, T]`` -> ``[B, C, T * s]``, channel ``p * C + c`` to ``[:, c, p::s]`` (s = ``phases``),
     in one pass that writes contiguously."""
     batch, channels, length = y.shape
-    out = y.new_empty(batch, channels // phases, length * phases)
+    out = torch.empty(batch, channels // phases, length * phases, dtype=y.dtype, device=y.device)
     if out.numel() == 0:
         return out
     grid = (triton.cdiv(length * phases, 256), triton.cdiv(channels // phases, 16), batch)
-    _interleave_kernel[grid](y, out, channels // phases, length, phases, BLOCK_C=16, BLOCK_T=256, num_warps=4)
+    live = live_count()
+    _interleave_kernel[grid](
+        y, out, y if live is None else live, channels // phases, length, phases, BLOCK_C=16, BLOCK_T=256,
+        HAS_LIVE=live is not None, num_warps=4,
+    )  # fmt: skip
     return out

@@ -133,3 +133,34 @@ def test_fused_calls_give_the_per_layer_bits(auk: Codec, frames: int) -> None:
             assert torch.equal(a[rows], b[rows]), kind
             assert torch.equal(fused.flat[:6], apart.flat[:6]), kind
     auk.precision = "fp32"
+
+
+def test_padding_rows_are_skipped_without_changing_a_real_row(auk: Codec) -> None:
+    """fp16x3 auk-24k, eager and in a captured step graph: with the count of real rows given, the real
+    rows' audio and new states are the bits of a call that computes every row (the padding rows, on the
+    scratch slot, come last)."""
+    assert auk.use_auto_precision() == "fp16x3"
+    net = StatefulNet(auk)
+    cuda = torch.device("cuda")
+    pools = [StatePool(net, 6, device=cuda, dtype=torch.float32) for _ in range(2)]
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    every = torch.arange(6, device="cuda")
+    prime = torch.randn(6, net.min_prime_frames + 2, 64, device="cuda", generator=gen)
+    index = torch.tensor([4, 1, 0, 6, 6, 6, 6, 6], device="cuda")  # 6: the scratch slot
+    live = torch.tensor([3], device="cuda")
+    z = torch.randn(8, 4, 64, device="cuda", generator=gen)
+    with torch.inference_mode(), auk.numerics():
+        for pool in pools:
+            pool.prime(every, prime)
+        for _ in range(2):
+            every_row, skipping = pools[0].step(index, z), pools[1].step(index, z, live)
+            assert torch.equal(every_row[:3], skipping[:3])
+            assert torch.equal(pools[0].flat[:6], pools[1].flat[:6])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = pools[1].step(index, z, live)
+        expected = pools[0].step(index, z)
+        graph.replay()
+        assert torch.equal(captured[:3], expected[:3])
+        assert torch.equal(pools[0].flat[:6], pools[1].flat[:6])
+    auk.precision = "fp32"

@@ -68,3 +68,32 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, op: str) -> list[int]:
 
     monkeypatch.setattr(torch.ops.streamdec, op, counted)
     return calls
+
+
+class UnwrittenIsNan:
+    """``torch`` for a kernel module's own allocations, except that ``empty`` and ``empty_like`` memory is
+    NaN (floats) or -1 (integers): what a kernel skips stays recognisable. Patch a module's ``torch``
+    with it (``monkeypatch.setattr(module, "torch", UnwrittenIsNan())``)."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(torch, name)
+
+    @staticmethod
+    def _marked(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan") if t.dtype.is_floating_point else -1)
+
+    def empty(self, *args: object, **kwargs: object) -> torch.Tensor:
+        return self._marked(torch.empty(*args, **kwargs))  # type: ignore[call-overload]
+
+    def empty_like(self, *args: object, **kwargs: object) -> torch.Tensor:
+        return self._marked(torch.empty_like(*args, **kwargs))  # type: ignore[call-overload]
+
+
+def assert_padding_rows_skipped(ours: torch.Tensor, full: torch.Tensor, live: int) -> None:
+    """Rows ``< live`` hold ``full``'s bits; each later row is unwritten (NaN or -1 throughout) or, where a
+    program that holds a real row also holds it (packed short rows), ``full``'s row too."""
+    assert torch.equal(ours[:live], full[:live])
+    for row in range(live, ours.shape[0]):
+        mine = ours[row]
+        unwritten = mine.isnan().all() if mine.dtype.is_floating_point else (mine == -1).all()
+        assert bool(unwritten) or torch.equal(mine, full[row]), row

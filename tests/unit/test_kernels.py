@@ -28,8 +28,9 @@ from streamdec.codecs import load_codec
 from streamdec.codecs.layers import AliasFreeActivation
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels import fused_supported, polyphase_reference, set_fused
+from streamdec.kernels.rows import live_rows
 from support.activations import random_activation
-from support.conv_cases import needs_interpreter
+from support.conv_cases import UnwrittenIsNan, assert_padding_rows_skipped, needs_interpreter
 
 
 def _op_args(act: AliasFreeActivation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,6 +323,41 @@ def test_halo_kernels_give_the_blocked_kernels_bits(
 
 
 @needs_interpreter
+@settings(max_examples=12, deadline=None)
+@given(
+    length=st.one_of(st.integers(1, 120), st.integers(900, 1000)),
+    kept=st.sampled_from([0, 10]),
+    pack=st.booleans(),
+    live=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_halo_kernel_and_row_peaks_skip_padding_rows(
+    length: int, kept: int, pack: bool, live: int, seed: int
+) -> None:
+    """Inside ``live_rows`` the halo kernel and the row-peak pass leave the batch rows past the count
+    unwritten, and write the real rows' outputs and peaks bit for bit as without it."""
+    from streamdec.kernels import _triton_alias_free as tk
+    from streamdec.kernels import sizing
+
+    act = random_activation(5, seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 5, length, generator=gen) * 3
+    head = torch.randn(4, 5, kept, generator=gen) * 3 if kept else None
+    start = 8 if kept else 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sizing, "PACK_SHORT_ROWS", pack)
+        patch.setattr(tk, "torch", UnwrittenIsNan())
+        full = _launch("halo", act, x, head, start)
+        full_peaks = tk.row_peaks(x)
+        with live_rows(torch.tensor([live])):
+            ours = _launch("halo", act, x, head, start)
+            peaks = tk.row_peaks(x)
+    assert_padding_rows_skipped(ours[0], full[0], live)
+    assert torch.equal(ours[1][:live], full[1][:live]) and not ours[1][live:].any()  # zeroed, never raised
+    assert_padding_rows_skipped(peaks, full_peaks, live)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("variant", ["halo8", "halo16"])
 def test_halo_kernel_window_from_sample_5(variant: str) -> None:
     """A window starting at 5 (its first output reads S(-1) = S(0)) is right; the blocked kernel, which
@@ -421,6 +457,8 @@ def _compile_for_sm90(kernel: Any, constants: dict[str, Any], warps: int, tmp_pa
         if n in constants
         else "*i32"
         if n == "peak_ptr"
+        else "*i64"
+        if n == "live_ptr"
         else "*fp32"
         if n in pointers
         else "i32"
@@ -468,3 +506,6 @@ def test_halo_kernel_compiles_to_the_blocked_kernels_arithmetic(
         }
         halo = _ptx_sums(_compile_for_sm90(tk._af_halo_kernel, constants, warps, tmp_path))
         assert halo == Counter({h: n * k // 8 for h, n in blocked.items()}), (k, packed)
+        # Skipping padding rows (streamdec.kernels.rows) adds an early exit, not arithmetic.
+        live = {**constants, "HAS_LIVE": True}
+        assert _ptx_sums(_compile_for_sm90(tk._af_halo_kernel, live, warps, tmp_path)) == halo

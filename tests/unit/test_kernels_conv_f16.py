@@ -20,13 +20,22 @@ from streamdec.codecs.layers import CausalConvTranspose1d, PaddedConv1d, all_con
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import conv1d_split_f16, split_conv1d_f16
+from streamdec.kernels.rows import live_rows
 from streamdec.kernels.split import (
     F16_CHANNEL_QUANTUM,
     pack_split_weight_f16,
     pow2_scale,
     split_input_f16,
 )
-from support.conv_cases import conv_case, conv_shapes, count_calls, needs_interpreter, relative_error
+from support.conv_cases import (
+    UnwrittenIsNan,
+    assert_padding_rows_skipped,
+    conv_case,
+    conv_shapes,
+    count_calls,
+    needs_interpreter,
+    relative_error,
+)
 from support.split_routing import assert_tiny_decodes_through, route_cpu_through_split
 
 finite_magnitudes = st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32)
@@ -578,3 +587,33 @@ def test_window_kernel_reads_rows_apart_and_folds_in_a_history_peak(kept: int, b
     assert torch.equal(
         peak, _peak_bits(torch.cat([before.reshape(batch, -1), outs[0].reshape(batch, -1)], 1))
     )
+
+
+@needs_interpreter
+@settings(max_examples=16, deadline=None)
+@given(conv_shapes, st.booleans(), st.booleans(), st.booleans(), st.integers(0, 5), phase_counts)
+def test_padding_rows_are_skipped_and_real_rows_keep_their_bits(
+    p: dict[str, int], split: bool, channels_n: bool, small: bool, live: int, phases: int
+) -> None:
+    """Inside ``live_rows``, the split, the convolution (either orientation, split-K or not, packed rows
+    or not, phases interleaved or not) do no work for the rows past the count, and the real rows' outputs
+    are the bits of a launch without it."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    p = {**p, "batch": 5, "cout": max(1, p["cout"] // phases) * phases}
+    x, w, bias = conv_case(p)
+    packed, inverse = pack_split_weight_f16(w)
+    launch = {"split": split, "channels_n": channels_n, "tiles": f16_launch.SMALL if small else None}
+    count = torch.tensor([live])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tc, "torch", UnwrittenIsNan())
+        parts = tc.split_f16(x)
+        with live_rows(count):
+            ours = tc.split_f16(x)
+        for mine, full in zip(ours, parts, strict=True):
+            assert_padding_rows_skipped(mine, full, live)
+        args = (*parts, packed[0], packed[1], inverse, bias, p["dilation"])
+        full = tc.conv1d_f16x3(*args, **launch, phases=phases)
+        with live_rows(count):
+            mine = tc.conv1d_f16x3(*args, **launch, phases=phases)
+    assert_padding_rows_skipped(mine, full, live)
