@@ -447,13 +447,11 @@ class GraphTiers:
         return self.state
 
     def _run_eager_once(self, key: BucketKey) -> None:
+        """The call ``key``'s capture makes, once: it launches the kernel variants the capture will (a
+        stateful call's, which read the count of real rows, among them)."""
         with torch.inference_mode():
-            if key.kind == "window":
-                self.forward(self.random_input(key))
-            else:
-                pool = self._state_pool()
-                slots = torch.full((key.batch,), pool.scratch, dtype=torch.int64, device=self.device)
-                pool.fn(key.kind)(slots, self.random_input(key))
+            call, _ = self._plain_call(key)
+            call(self.random_input(key))
 
     def eager(self, x: Tensor) -> Tensor:
         """Tier 3: the plain decode of ``x`` ``[B, T, D]`` on the current stream."""
