@@ -24,23 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_step import parse_bucket, time_graph
+from bench_step import capture, parse_bucket, time_graph
 
 from streamdec.bench.meta import ResultFile, script_header
-
-
-def capture(fn: Any, *args: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """``fn(*args)`` captured (after two runs on a side stream): the graph and its output tensor."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*args)
-    return graph, out
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -48,7 +48,8 @@ def time_graph(run: Any, replays: int, repeats: int) -> float:
     return statistics.median(results)
 
 
-def capture_graph(fn: Any, *args: torch.Tensor) -> Any:
+def capture(fn: Any, *args: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``fn(*args)`` captured (after two runs on a side stream): the graph and its output tensor."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -57,8 +58,13 @@ def capture_graph(fn: Any, *args: torch.Tensor) -> Any:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn(*args)
-    return graph.replay
+        out = fn(*args)
+    return graph, out
+
+
+def capture_graph(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` captured: its graph's replay."""
+    return capture(fn, *args)[0].replay
 
 
 def measure(
