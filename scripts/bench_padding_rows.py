@@ -58,9 +58,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             skipping = capture(pool.step, index, z, live)
             computing = capture(pool.step, index, z)
             same = _same_bits(pool, skipping, computing, index[:real], real)
-            entry: dict[str, Any] = {"real_rows_same_bits": same, "every_row_ms": None, "skipping_ms": {}}
-            entry["finite"] = bool(torch.isfinite(pool.flat).all())
-            entry["every_row_ms"] = time_graph(computing[0].replay, args.replays, args.repeats)
+            entry: dict[str, Any] = {
+                "real_rows_same_bits": same,
+                "finite": bool(torch.isfinite(pool.flat).all()),
+                "every_row_ms": time_graph(computing[0].replay, args.replays, args.repeats),
+                "skipping_ms": {},
+            }
             for fill in args.fills:
                 rows = round(fill * batch)
                 live.fill_(rows)

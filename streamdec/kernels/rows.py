@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import torch
 from torch import Tensor
 
-from streamdec.errors import ShapeError
+from streamdec.errors import DTypeError, ShapeError
 
 __all__ = ["live_count", "live_rows"]
 
@@ -32,10 +33,10 @@ _LIVE: ContextVar[Tensor | None] = ContextVar("streamdec_live_rows", default=Non
 def live_rows(count: Tensor | None) -> Iterator[None]:
     """Kernels launched inside skip batch rows ``>= count[0]`` (``count``: a one-element int64 tensor on the
     batch's device; None: skip nothing)."""
-    if count is not None and (count.shape != (1,) or count.dtype.is_floating_point or count.is_complex()):
-        raise ShapeError(
-            f"live_rows takes a one-element integer tensor, got {count.dtype} {tuple(count.shape)}"
-        )
+    if count is not None and count.shape != (1,):
+        raise ShapeError(f"live_rows takes a one-element tensor, got shape {tuple(count.shape)}")
+    if count is not None and count.dtype != torch.int64:
+        raise DTypeError(f"live_rows takes an int64 count (the kernels read it as one), got {count.dtype}")
     token = _LIVE.set(count)
     try:
         yield

@@ -327,3 +327,23 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
     assert torch.equal(pools[0].flat[:2], pools[1].flat[:2])
     assert handed[0] > 0 and handed[1] == 0  # only the fused step hands peaks over
     assert in_parts[0] > 0 and in_parts[1] == 0  # and reads delay lines' outputs in two parts
+
+
+def test_live_rows_takes_one_int64_count_and_restores_the_outer_one() -> None:
+    """The count kernels read is one int64; a nested context hands back the outer count when it ends,
+    and a bad count is a typed error that leaves the context unchanged."""
+    from streamdec.errors import DTypeError, ShapeError
+    from streamdec.kernels.rows import live_count, live_rows
+
+    outer, inner = torch.tensor([3]), torch.tensor([1])
+    assert live_count() is None
+    with live_rows(outer):
+        with live_rows(inner):
+            assert live_count() is inner
+        assert live_count() is outer
+        with pytest.raises(ShapeError, match="one-element"), live_rows(torch.tensor([1, 2])):
+            pass
+        with pytest.raises(DTypeError, match="int64"), live_rows(torch.tensor([True])):
+            pass
+        assert live_count() is outer
+    assert live_count() is None
