@@ -7,6 +7,10 @@ latents, timed the same way. The packing switch is read at import, so each setti
 process of its own (same commit, same GPU, one after the other), and the JSON holds both side by side:
 
     python3 scripts/bench_step.py --buckets 256x4 128x4 64x16 16x4 --out bench/results/h200/step-packing.json
+
+``--against DIR`` also times the packed steps of another checkout of the package (``git worktree add DIR
+COMMIT``, or an unpacked ``git archive``), imported from ``DIR`` in a child of its own, in the same run:
+what a change did to a step's cost. ``--modes`` picks the switch settings of this checkout to time.
 """
 
 from __future__ import annotations
@@ -111,6 +115,9 @@ def main() -> None:
     ap.add_argument("--whole", default="8x250", help="whole-clip reference, batch x frames")
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--modes", nargs="+", choices=list(_MODES), default=list(_MODES))
+    ap.add_argument("--against", help="another checkout of the package to time beside this one (packed)")
+    ap.add_argument("--against-label", default="against", help="its name in the JSON (e.g. its commit)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="bench/results/step-packing.json")
     args = ap.parse_args()
@@ -124,8 +131,13 @@ def main() -> None:
         script_header(codec=args.codec, precision="auto", commit=None, timing="CUDA events, captured graphs")
         | {"settings": vars(args), "modes": {}},
     )
-    for mode, flag in _MODES.items():
-        env = {**os.environ, "STREAMDEC_PACK_SHORT_ROWS": flag}
+    runs = [(mode, {"STREAMDEC_PACK_SHORT_ROWS": _MODES[mode]}) for mode in args.modes]
+    if args.against:
+        tree = os.path.abspath(args.against)
+        path = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)  # its package first
+        runs.append((args.against_label, {"STREAMDEC_PACK_SHORT_ROWS": "1", "PYTHONPATH": path}))
+    for mode, extra in runs:
+        env = {**os.environ, **extra}
         child = subprocess.run(
             [sys.executable, __file__, *sys.argv[1:], "--child"],
             env=env,

@@ -94,6 +94,12 @@ class StateIO(Protocol):
 
     def put(self, index: int, value: Tensor) -> None: ...
 
+    def target(self, index: int) -> tuple[Tensor, Tensor] | None:
+        """Where a kernel may write leaf ``index``'s new state itself, instead of handing it to ``put``:
+        ``(pool, slots)``, the leaf's states ``[S, channels, state_len]`` and the pool row of each batch
+        row; None where the new states are collected."""
+        ...
+
 
 class _States:
     """A :class:`StateIO` over a list of tensors: the new states are collected for the caller."""
@@ -110,6 +116,9 @@ class _States:
 
     def put(self, index: int, value: Tensor) -> None:
         self.outputs[index] = value
+
+    def target(self, index: int) -> tuple[Tensor, Tensor] | None:
+        return None
 
 
 class Node(abc.ABC):
@@ -219,10 +228,18 @@ class Windowed(Protocol):
 
     def __call__(self, x: Tensor) -> Tensor: ...
 
-    def window(self, head: Tensor, x: Tensor, start: int, length: int) -> Tensor: ...
+    def window(
+        self, head: Tensor, x: Tensor, start: int, length: int, keep: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor: ...
 
     def window_with_peak(
-        self, head: Tensor, x: Tensor, start: int, length: int, before: Tensor | None
+        self,
+        head: Tensor,
+        x: Tensor,
+        start: int,
+        length: int,
+        before: Tensor | None,
+        keep: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
@@ -259,9 +276,15 @@ class Leaf(Stateful):
 
     def step(self, x: Tensor, states: StateIO) -> Tensor:
         head = self._history(x, states)
-        out = self.layer.window(head, x, self.a, x.shape[-1])
-        self._keep_after(head, x, states)
+        target = self._target(states)
+        out = self.layer.window(head, x, self.a, x.shape[-1], target)
+        if target is None:
+            self._keep_after(head, x, states)
         return out
+
+    def _target(self, states: StateIO) -> tuple[Tensor, Tensor] | None:
+        """Where the activation writes its new state itself (it reads the same samples)."""
+        return states.target(self.index) if self.state_len else None
 
     def step_before(self, x: Tensor, states: StateIO, conv: Conv) -> tuple[Tensor, Tensor | None]:
         """:meth:`step`, and the row peaks that ``conv``'s float16 split of its history and this output
@@ -270,12 +293,14 @@ class Leaf(Stateful):
         lie in one batch row (an earlier kernel raised one a lane there, and that contention made a 256 x 4
         step of auk-24k take 79 ms instead of 43 on an H200)."""
         head = self._history(x, states)
+        target = self._target(states)
         if conv.conv.takes_peak(x):
             before = states.get(conv.index) if conv.state_len else None
-            out, peak = self.layer.window_with_peak(head, x, self.a, x.shape[-1], before)
+            out, peak = self.layer.window_with_peak(head, x, self.a, x.shape[-1], before, target)
         else:
-            out, peak = self.layer.window(head, x, self.a, x.shape[-1]), None
-        self._keep_after(head, x, states)
+            out, peak = self.layer.window(head, x, self.a, x.shape[-1], target), None
+        if target is None:
+            self._keep_after(head, x, states)
         return out, peak
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
@@ -323,8 +348,10 @@ class Conv(Stateful):
         if self.state_len == 0:
             return self.conv.convolve(x, (0, 0), None, residual, peak, residual_head)
         head = states.get(self.index)
-        out = self.conv.convolve(x, (0, 0), head, residual, peak, residual_head)
-        self._keep_after(head, x, states)
+        target = states.target(self.index)
+        out = self.conv.convolve(x, (0, 0), head, residual, peak, residual_head, keep=target)
+        if target is None:
+            self._keep_after(head, x, states)
         return out
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
@@ -361,7 +388,16 @@ class ConvTranspose(Stateful):
         return out[..., : x.shape[-1] * self.stride - self.crop]
 
     def step(self, x: Tensor, states: StateIO) -> Tensor:
-        buffer = self._buffer(x, states)
+        if self.state_len and not self.crop and isinstance(self.conv, CausalConvTranspose1d):
+            head, target = states.get(self.index), states.target(self.index)
+            direct = self.conv.step_outputs(head, x, target)  # the new inputs' outputs, nothing cropped
+            if direct is not None:
+                if target is None:
+                    self._keep_after(head, x, states)
+                return direct
+            buffer = torch.cat([head, x], dim=-1)
+        else:
+            buffer = self._buffer(x, states)
         self._keep(buffer, states)
         start = self.state_len * self.stride - self.crop
         out: Tensor = self.conv(buffer)
@@ -373,23 +409,46 @@ class ConvTranspose(Stateful):
 
 
 class Delay(Stateful):
-    """A delay line of ``length`` samples: aligns a branch with a slower one."""
+    """A delay line of ``length`` samples: aligns a branch with a slower one.
+
+    A delay line may *share* its state with a ``source``: a stateful layer that reads the same input and
+    keeps at least as many of its last samples (a residual unit's identity and the first layer of its
+    branch). Its state is then the source's newest ``length`` samples, so it keeps none of its own and
+    writes nothing (:meth:`share`). It must read them before the source writes its new state, which
+    :meth:`Residual.step` sees to."""
 
     def __init__(self, channels: int, length: int) -> None:
         self.channels = channels
+        self.length = length
         self.state_len = length
+        self.source: Stateful | None = None
+
+    def share(self, source: Stateful) -> None:
+        """Read ``source``'s newest ``length`` kept samples instead of keeping them too."""
+        if source.state_len < self.length or source.channels != self.channels:
+            raise CodecError(
+                f"a delay line of {self.length} samples cannot share a state of {source.state_len}"
+            )
+        self.source = source
+        self.state_len = 0
 
     def lag(self) -> int:
-        return self.state_len
+        return self.length
 
     def prime_len(self, m: int) -> int:
-        if m < self.state_len:
+        if m < self.length:
             raise _TooShort
-        return m - self.state_len
+        return m - self.length
+
+    def _head(self, states: StateIO) -> Tensor:
+        if self.source is None:
+            return states.get(self.index)
+        kept = states.get(self.source.index)
+        return kept[..., kept.shape[-1] - self.length :]
 
     def prime(self, x: Tensor, states: StateIO) -> Tensor:
         self._keep(x, states)
-        return x[..., : x.shape[-1] - self.state_len]
+        return x[..., : x.shape[-1] - self.length]
 
     def step(self, x: Tensor, states: StateIO) -> Tensor:
         head, tail = self.step_parts(x, states)
@@ -402,16 +461,18 @@ class Delay(Stateful):
         """:meth:`step`'s output in two parts, oldest first, neither copied: the kept history's part (a view
         of the state; None without a state) and the new samples' part (a view of ``x``; None when the
         history covers the step). A convolution's epilogue adds them where they lie."""
-        if self.state_len == 0:
+        if self.length == 0:
             return None, x
-        head, n = states.get(self.index), x.shape[-1]
+        head, n = self._head(states), x.shape[-1]
         self._keep_after(head, x, states)
-        if n <= self.state_len:
+        if n <= self.length:
             return head[..., :n], None
-        return head, x[..., : n - self.state_len]
+        return head, x[..., : n - self.length]
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
-        return self._buffer(x, states)
+        if self.length == 0:
+            return x
+        return torch.cat([self._head(states), x], dim=-1)
 
 
 class Seq(Node):
@@ -517,6 +578,11 @@ class Residual(_Parallel):
     def __init__(self, branch: Node, channels: int, *, identity_first: bool = False) -> None:
         super().__init__([branch, Seq([])], channels)
         self.identity_first = identity_first
+        # The identity's delay line keeps the unit's last inputs; so does the branch's first layer, if it
+        # is stateful and reads them as they come: one state serves both (a step writes it once).
+        delay, source = _identity_delay(self.branches[1]), _first_stateful(self.branches[0])
+        if delay is not None and source is not None and source.state_len >= delay.length:
+            delay.share(source)
 
     def combine(self, outs: list[Tensor]) -> Tensor:
         branch, identity = outs
@@ -530,7 +596,27 @@ class Residual(_Parallel):
         if states.fuse and isinstance(branch, Seq) and branch.nodes and isinstance(branch.nodes[-1], Conv):
             kept, new = _identity_parts(identity, x, states)
             return branch.step(x, states, residual=new, residual_head=kept)
-        return super().step(x, states)
+        # The identity first: its delay line may read the state the branch's first layer then replaces.
+        delayed = identity.step(x, states)
+        return self.combine([branch.step(x, states), delayed])
+
+
+def _identity_delay(identity: Node) -> Delay | None:
+    """The delay line an identity path ends in, if nothing before it changes the input."""
+    if not (isinstance(identity, Seq) and identity.nodes and isinstance(identity.nodes[-1], Delay)):
+        return None
+    before = identity.nodes[:-1]
+    return identity.nodes[-1] if all(isinstance(n, Seq) and not n.nodes for n in before) else None
+
+
+def _first_stateful(node: Node) -> Stateful | None:
+    """The layer that first reads ``node``'s input, if it keeps state of that input as it comes (its
+    kept samples are then the input's newest ones, as a delay line's are)."""
+    while isinstance(node, Seq) and node.nodes:
+        node = node.nodes[0]
+    if isinstance(node, Leaf | Conv | ConvTranspose) and node.state_len > 0:
+        return node
+    return None
 
 
 def _identity_parts(identity: Node, x: Tensor, states: StateIO) -> tuple[Tensor | None, Tensor | None]:
@@ -553,6 +639,12 @@ class Mean(_Parallel):
         for out in outs[1:]:
             total = total + out
         return total / len(outs)
+
+
+def _walk(node: Node) -> list[Node]:
+    """``node`` and every node below it."""
+    children = node.nodes if isinstance(node, Seq) else node.branches if isinstance(node, _Parallel) else []
+    return [node, *(n for child in children for n in _walk(child))]
 
 
 def _act_channels(act: AliasFreeActivation) -> int:
@@ -614,6 +706,8 @@ class StatefulNet:
             leaf.index = i
         self.min_prime_frames = self._min_prime()
         self.specs = [StateSpec(leaf.channels, leaf.state_len) for leaf in self.leaves]
+        #: delay lines that read another layer's state instead of keeping their own
+        self.shared = [n for n in _walk(self.body) if isinstance(n, Delay) and n.source is not None]
 
     def _min_prime(self) -> int:
         frames = self.right_frames + 1

@@ -169,6 +169,9 @@ class _GatheredStates:
         pool = self.tensors[index]
         pool.index_copy_(0, self.slots, value.to(pool.dtype))
 
+    def target(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.tensors[index], self.slots
+
 
 class _SlotStates:
     """The states of the streams in ``slots``, gathered from the pool when a layer reads them and
@@ -190,3 +193,6 @@ class _SlotStates:
     def put(self, index: int, value: Tensor) -> None:
         pool = self.tensors[index]
         pool.index_copy_(0, self.slots, value.to(pool.dtype))
+
+    def target(self, index: int) -> None:
+        return None  # the per-layer step keeps every layer's write its own pass

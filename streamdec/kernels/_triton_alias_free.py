@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from streamdec.kernels import sizing
+from streamdec.kernels.conv import keep_tail
 from streamdec.kernels.rows import live_count
 from streamdec.kernels.sizing import pow2_block
 
@@ -359,11 +360,13 @@ def _join_block(ys, K: tl.constexpr):
     return tl.reshape(y, [ys[0].shape[0], K])
 
 
-@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "START", "N"])
+@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "START", "N", "KEEP_ROW", "KEEP_LEN"])
 def _af_halo_kernel(
     x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, head_ptr, H, HEAD_BATCH, START, N, live_ptr,
+    keep_ptr, slots_ptr, KEEP_ROW, KEEP_LEN,
     K: tl.constexpr, WARPS: tl.constexpr, SEG: tl.constexpr, PACKED: tl.constexpr, WITH_PEAK: tl.constexpr,
-    HAS_HEAD: tl.constexpr, HAS_LIVE: tl.constexpr = False,
+    HAS_HEAD: tl.constexpr, HAS_LIVE: tl.constexpr = False, KEEP: tl.constexpr = False,
+    KEEP_ROWS: tl.constexpr = 1, KEEP_BLOCK: tl.constexpr = 16,
 ):  # fmt: skip
     # A row is cat(head, x) (H + T samples; H = 0 without a head); the kernel writes its outputs START ..
     # START + N - 1 as a row of N. Programs are per batch row (program_id(1)), so nothing divides by C.
@@ -451,6 +454,37 @@ def _af_halo_kernel(
     if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row; one atomic a program
         bits = tl.where(keep, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
         tl.atomic_max(peak_ptr + batch, tl.max(tl.max(bits, axis=1), axis=0))
+    if KEEP:  # a stateful layer's new state: the last KEEP_LEN inputs of each row, to the row's slot
+        if PACKED:
+            per: tl.constexpr = WARPS * (32 // SEG)  # the program's rows (channels)
+            _keep_last(x_ptr, head_ptr, keep_ptr, slots_ptr, batch, tl.program_id(0) * per, per, C, T, H,
+                       HEAD_BATCH, KEEP_ROW, KEEP_LEN, KEEP_ROWS, KEEP_BLOCK)  # fmt: skip
+        elif tl.program_id(2) == 0:  # one program of each row
+            _keep_last(x_ptr, head_ptr, keep_ptr, slots_ptr, batch, c, 1, C, T, H, HEAD_BATCH, KEEP_ROW,
+                       KEEP_LEN, KEEP_ROWS, KEEP_BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _keep_last(
+    x_ptr, head_ptr, keep_ptr, slots_ptr, batch, c0, count, C, T, H, HEAD_BATCH, KEEP_ROW, KEEP_LEN,
+    KEEP_ROWS: tl.constexpr, KEEP_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Copy samples ``H + T - KEEP_LEN ..`` of rows ``cat(head, x)`` of channels ``c0 .. c0 + count - 1``
+    of one batch row to ``keep[slots[batch]]`` (``[C, KEEP_LEN]``, contiguous): what
+    ``keep.index_copy_(0, slots, ...)`` of the new state would write."""
+    cr = c0 + tl.arange(0, KEEP_ROWS)
+    q = tl.arange(0, KEEP_BLOCK)
+    ok = ((cr < C) & (tl.arange(0, KEEP_ROWS) < count))[:, None] & (q < KEEP_LEN)[None, :]
+    pos = H + T - KEEP_LEN + q  # in cat(head, x)
+    from_x = (pos >= H)[None, :]
+    new = tl.load(x_ptr + (batch * C + cr).to(tl.int64)[:, None] * T + (pos - H)[None, :], mask=ok & from_x)
+    old = tl.load(
+        head_ptr + batch.to(tl.int64) * HEAD_BATCH + cr[:, None] * H + pos[None, :], mask=ok & ~from_x
+    )
+    slot = tl.load(slots_ptr + batch)
+    tl.store(
+        keep_ptr + slot * KEEP_ROW + cr[:, None] * KEEP_LEN + q[None, :], tl.where(from_x, new, old), mask=ok
+    )
 
 
 BLOCKED_K = sizing.ACTIVATION_LANE_OUTPUTS  # outputs per lane
@@ -523,6 +557,7 @@ def launch_blocked(
     head: torch.Tensor | None = None,
     start: int = 0,
     variant: str = DEFAULT_VARIANT,
+    keep: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """``x``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``;
     ``out``: contiguous ``[R, N]``, outputs ``start .. start + N - 1`` of the activation of each row
@@ -533,7 +568,12 @@ def launch_blocked(
     row's entry to the float32 bits of its largest ``|out|``, by integer atomic max: what a float16 split
     convolution of ``out`` needs first. ``variant`` picks the kernel (:data:`VARIANTS`): ``halo`` (the
     default: 8 or 16 outputs a lane, by :func:`halo_plan`), ``halo8`` and ``halo16`` (either always) give
-    the bits of ``blocked``, the kernel before them, kept for comparison."""
+    the bits of ``blocked``, the kernel before them, kept for comparison.
+
+    ``keep`` = ``(pool, slots)`` (``[S, C, L]`` float32, each slot's ``C * L`` samples contiguous; ``[B]``
+    int64) also copies each row's last ``L`` inputs of ``cat(head, x)`` to ``pool[slots[b]]``: a
+    stateful layer's new state, written by the programs that read the row (after its outputs, so the
+    outputs' code is unchanged); the ``blocked`` variant copies them in a pass of its own."""
     rows, length = x.shape
     count = out.shape[1]
     if 0 < start < 5:
@@ -546,17 +586,23 @@ def launch_blocked(
     if head is not None:
         head = _rows_of(head, a.shape[0])
         kept, head_batch = head.shape[-1], head.stride(0)
+    channels = a.shape[0]
     if variant == "blocked":
         _launch_v3(x, filt, a, b, out, peak, head, kept, head_batch, start)
+        if keep is not None:
+            keep_tail(keep, head, x.view(-1, channels, length))
         return
-    channels = a.shape[0]
     plan = halo_plan(rows // channels, channels, count, {"halo": None, "halo8": 8, "halo16": 16}[variant])
     live = live_count()
+    pool, slots = keep if keep is not None else (x, x)  # never read without KEEP
+    keep_rows = pow2_block(plan.warps * (32 // plan.seg), 2, 128) if plan.packed else 2
     _af_halo_kernel[plan.grid](
         x, out, filt, a, b, out if peak is None else peak, length, channels, x if head is None else head,
-        kept, head_batch, start, count, a if live is None else live, K=plan.k, WARPS=plan.warps,
+        kept, head_batch, start, count, a if live is None else live, pool, slots,
+        pool.stride(0) if keep else 0, pool.shape[-1] if keep else 0, K=plan.k, WARPS=plan.warps,
         SEG=plan.seg, PACKED=plan.packed, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
-        HAS_LIVE=live is not None, num_warps=plan.warps,
+        HAS_LIVE=live is not None, KEEP=keep is not None, KEEP_ROWS=keep_rows,
+        KEEP_BLOCK=pow2_block(pool.shape[-1], 2, 1 << 20) if keep else 16, num_warps=plan.warps,
     )  # fmt: skip
 
 

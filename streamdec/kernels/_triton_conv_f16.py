@@ -453,7 +453,7 @@ def _row_amax_kernel(
     tl.atomic_max(amax_ptr + row, tl.max(tl.abs(values).to(tl.int32, bitcast=True), axis=0))
 
 
-@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "T", "PAD_LEFT", "T_OUT"])
+@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "T", "PAD_LEFT", "T_OUT", "KEEP_ROW", "KEEP_LEN"])
 def _split_kernel(
     head_ptr,  # [B, C, H] float32: the input's first H samples (a stream's kept history); batch rows
     # HEAD_BATCH apart, each one's C * H samples contiguous
@@ -463,6 +463,8 @@ def _split_kernel(
     lo_ptr,
     inv_ptr,  # [B] float32: 2**-k
     live_ptr,  # [1] int64 (read only when HAS_LIVE): rows at or past it are padding
+    keep_ptr,  # with KEEP: [slots, C, KEEP_LEN] float32, slots KEEP_ROW apart (a stateful layer's pool)
+    slots_ptr,  # with KEEP: [B] int64, the pool row of each batch row
     C,
     H,
     HEAD_BATCH,
@@ -470,14 +472,18 @@ def _split_kernel(
     CP,
     PAD_LEFT,
     T_OUT,
+    KEEP_ROW,
+    KEEP_LEN,
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
     WRITE_LO: tl.constexpr,  # False for the single-product precision, which reads heads only
     HAS_LIVE: tl.constexpr = False,
+    KEEP: tl.constexpr = False,  # also write each row's last KEEP_LEN samples of cat(head, x) to its slot
 ):
     """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded ``cat(head, x)``, bit for bit, in
     one pass: the padding is written here (zeros split to zeros) and the two parts are read where they
-    are, never copied into one padded float32 buffer."""
+    are, never copied into one padded float32 buffer. With ``KEEP`` it also stores the samples a stateful
+    layer keeps for its next step, as it holds them (no pass of their own)."""
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     row = tl.program_id(2)
@@ -502,6 +508,14 @@ def _split_kernel(
         other=0.0,
     )
     x = tl.where(in_head, kept, x)
+    if KEEP:  # the kept samples are positions H + T - KEEP_LEN .. H + T - 1 of cat(head, x)
+        p = offs_t - (H + T - KEEP_LEN)
+        slot = tl.load(slots_ptr + row)
+        tl.store(
+            keep_ptr + slot * KEEP_ROW + offs_c[:, None] * KEEP_LEN + p[None, :],
+            x,
+            mask=c_ok & ((p >= 0) & (p < KEEP_LEN))[None, :],
+        )
     scaled = (x * scale).to(tl.int32, bitcast=True)
     hi = ((scaled + 4096) & -8192).to(tl.float32, bitcast=True)  # split_tf32's rounding: 10 mantissa bits
     lo = scaled.to(tl.float32, bitcast=True) - hi
@@ -521,6 +535,7 @@ def split_f16(
     peak: torch.Tensor | None = None,
     head: torch.Tensor | None = None,
     tails: bool = True,
+    keep: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[B, C, T]`` float32 -> ``(hi, lo, inverse)`` exactly as
     :func:`streamdec.kernels.split.split_input_f16` of ``F.pad(cat(head, x), (pad_left, pad_right))``
@@ -530,7 +545,10 @@ def split_f16(
     fused activation hands them over) skips the first; it must cover ``head`` too. ``tails=False`` writes
     no tails and returns ``hi`` in ``lo``'s place (the single-product precision never reads it). ``head``'s
     batch rows may lie apart (a stateful call's states, gathered slot-major): it is read in place if each
-    row's samples are contiguous."""
+    row's samples are contiguous. ``keep`` = ``(pool, slots)`` (``[S, C, L]`` float32, each slot's
+    ``C * L`` samples contiguous; ``[B]`` int64) also writes each row's last ``L`` samples of
+    ``cat(head, x)`` to ``pool[slots[b]]``, as ``pool.index_copy_(0, slots, ...)`` would (a stateful
+    layer's new state; padding rows skipped with the rest of their work)."""
     batch, channels, samples = x.shape
     x = x.contiguous()
     if head is None or head.shape[-1] == 0:
@@ -556,11 +574,14 @@ def split_f16(
                     part, amax, live_arg, row, part.stride(0), BLOCK=4096, HAS_LIVE=live is not None,
                     num_warps=8,
                 )  # fmt: skip
+    pool, slots = keep if keep is not None else (x, amax)  # never read without KEEP
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
     _split_kernel[grid](
-        head if kept else x, x, amax, hi, lo, inverse, live_arg, channels, kept, head.stride(0) if kept else 0,
-        samples, padded, pad_left, length,
-        BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, HAS_LIVE=live is not None, num_warps=4,
+        head if kept else x, x, amax, hi, lo, inverse, live_arg, pool, slots, channels, kept,
+        head.stride(0) if kept else 0, samples, padded, pad_left, length, pool.stride(0) if keep else 0,
+        pool.shape[-1] if keep else 0,
+        BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, HAS_LIVE=live is not None, KEEP=keep is not None,
+        num_warps=4,
     )  # fmt: skip
     return hi, lo, inverse
 

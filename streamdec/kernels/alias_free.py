@@ -28,6 +28,7 @@ from torch import Tensor
 from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
 from streamdec.kernels.availability import HAS_TRITON
+from streamdec.kernels.conv import check_keep, keep_pair, keep_tail
 
 __all__ = [
     "ENV_DISABLE",
@@ -125,17 +126,41 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Ten
     return _run_cuda(x, filt, alpha_exp, beta_inv, peak=peak), peak
 
 
-@torch.library.custom_op("streamdec::alias_free_activation_window", mutates_args=())
+@torch.library.custom_op("streamdec::alias_free_activation_window", mutates_args=("keep",))
 def alias_free_activation_window(
-    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int
+    head: Tensor,
+    x: Tensor,
+    filt: Tensor,
+    alpha_exp: Tensor,
+    beta_inv: Tensor,
+    start: int,
+    length: int,
+    keep: Tensor | None = None,
+    keep_slots: Tensor | None = None,
 ) -> Tensor:
     """``alias_free_activation(cat(head, x))[..., start : start + length]`` without the concatenation or
     the outputs outside the window: a stateful step's activation of its kept history (``head``,
-    ``[B, C, H]``) and new samples. ``start`` is 0 or at least 5; the window must lie inside the row."""
+    ``[B, C, H]``) and new samples. ``start`` is 0 or at least 5; the window must lie inside the row.
+
+    ``keep`` (``[S, C, L]``, mutated) and ``keep_slots`` (``[B]`` int64), if given: also write the last
+    ``L`` samples of each row's ``cat(head, x)`` to ``keep[keep_slots[b]]``
+    (:func:`~streamdec.kernels.conv.keep_tail`), the layer's new state; on CUDA the window kernel copies
+    them as it reads the row."""
+    return _window_reference(head, x, filt, alpha_exp, beta_inv, start, length, keep, keep_slots)
+
+
+def _window_reference(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    keep: Tensor | None, keep_slots: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """The window ops off CUDA: the reference activation of ``cat(head, x)``, cropped, and the kept tail."""
     _check_window(head, x, start, length)
+    check_keep(keep, keep_slots, x, head.shape[-1], "alias_free_activation_window")
     whole = torch.cat([head, x], dim=-1)
     _check(whole, filt, alpha_exp, beta_inv)
-    return polyphase_reference(whole, filt, alpha_exp, beta_inv)[..., start : start + length].contiguous()
+    out = polyphase_reference(whole, filt, alpha_exp, beta_inv)[..., start : start + length].contiguous()
+    keep_tail(keep_pair(keep, keep_slots), head, x)
+    return out
 
 
 def _check_window(head: Tensor, x: Tensor, start: int, length: int) -> None:
@@ -154,39 +179,43 @@ def _check_window(head: Tensor, x: Tensor, start: int, length: int) -> None:
 
 @alias_free_activation_window.register_fake
 def _(
-    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int
-) -> Tensor:
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    keep: Tensor | None = None, keep_slots: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     return x.new_empty(x.shape[0], x.shape[1], length)
 
 
 @alias_free_activation_window.register_kernel("cuda")
 def _(
-    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int
-) -> Tensor:
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    keep: Tensor | None = None, keep_slots: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     _check_window(head, x, start, length)
     _check(x, filt, alpha_exp, beta_inv)
+    check_keep(keep, keep_slots, x, head.shape[-1], "alias_free_activation_window")
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, None)
+        return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, None, keep, keep_slots)
 
 
 def window_launch(
     tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
-    length: int, peak: Tensor | None,
+    length: int, peak: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """The window kernel's launch on the current device; the head is read where it lies (its batch rows may
-    lie apart); ``peak``, if given, is raised to the window's row peaks."""
+    lie apart); ``peak``, if given, is raised to the window's row peaks; ``keep`` and ``keep_slots`` as
+    the op takes them."""
     batch, channels, samples = x.shape
     flat = x.contiguous().view(batch * channels, samples)
     kept = head if head.shape[-1] else None
     out = flat.new_empty(batch * channels, length)
     args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
-    tk.launch_blocked(*args, peak, kept, start)
+    tk.launch_blocked(*args, peak, kept, start, keep=keep_pair(keep, keep_slots))
     return out.view(batch, channels, length)
 
 
-@torch.library.custom_op("streamdec::alias_free_activation_window_peak", mutates_args=())
+@torch.library.custom_op("streamdec::alias_free_activation_window_peak", mutates_args=("keep",))
 def alias_free_activation_window_peak(
     head: Tensor,
     x: Tensor,
@@ -196,14 +225,17 @@ def alias_free_activation_window_peak(
     start: int,
     length: int,
     before: Tensor | None,
+    keep: Tensor | None = None,
+    keep_slots: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`alias_free_activation_window` and, per batch row, the float32 bits (int32 ``[B]``) of the
     largest magnitude in ``cat(before, out)``: the row peaks of a float16 split convolution that reads
     ``before`` (``[B, C', H']``, its kept history; None for none) and then this window, so its input split
     makes no peak pass of its own. On CUDA one pass over ``before`` stores its peaks and the window
-    kernel raises them as it writes (two launches, no zeroed buffer)."""
+    kernel raises them as it writes (two launches, no zeroed buffer). ``keep`` and ``keep_slots`` as
+    :func:`alias_free_activation_window` takes them."""
     _check_before(before, x)
-    out = alias_free_activation_window(head, x, filt, alpha_exp, beta_inv, start, length)
+    out = _window_reference(head, x, filt, alpha_exp, beta_inv, start, length, keep, keep_slots)
     peak = _peak_bits(out)
     if before is not None:
         peak = torch.maximum(peak, _peak_bits(before)) if before.numel() else peak
@@ -213,7 +245,7 @@ def alias_free_activation_window_peak(
 @alias_free_activation_window_peak.register_fake
 def _(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
-    before: Tensor | None,
+    before: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     return x.new_empty(x.shape[0], x.shape[1], length), x.new_empty(x.shape[0], dtype=torch.int32)
 
@@ -221,20 +253,23 @@ def _(
 @alias_free_activation_window_peak.register_kernel("cuda")
 def _(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
-    before: Tensor | None,
+    before: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     _check_window(head, x, start, length)
     _check(x, filt, alpha_exp, beta_inv)
     _check_before(before, x)
+    check_keep(keep, keep_slots, x, head.shape[-1], "alias_free_activation_window_peak")
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
     with torch.cuda.device(x.device):
-        return window_peak_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, before)
+        return window_peak_launch(
+            tk, head, x, filt, alpha_exp, beta_inv, start, length, before, keep, keep_slots
+        )
 
 
 def window_peak_launch(
     tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
-    length: int, before: Tensor | None,
+    length: int, before: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The window-with-peak op's kernels (``tk``: :mod:`streamdec.kernels._triton_alias_free`) on the
     current device: the history's peaks stored, then raised by the window kernel as it writes."""
@@ -242,7 +277,8 @@ def window_peak_launch(
         peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
     else:
         peak = tk.row_peaks(before)
-    return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak), peak
+    out = window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak, keep, keep_slots)
+    return out, peak
 
 
 def _check_before(before: Tensor | None, x: Tensor) -> None:

@@ -47,9 +47,12 @@ from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_input_f16, split_
 __all__ = [
     "ENABLED",
     "ENV_ENABLE",
+    "check_keep",
     "conv1d_split_f16",
     "conv1d_split_tf32",
     "f16_conv_supported",
+    "keep_pair",
+    "keep_tail",
     "split_conv1d",
     "split_conv1d_f16",
     "triton_conv_supported",
@@ -147,6 +150,8 @@ class _F16Args(NamedTuple):
     head: Tensor | None = None
     products: int = 3
     residual_head: Tensor | None = None
+    keep: Tensor | None = None
+    keep_slots: Tensor | None = None
 
 
 def _f16_out_shape(
@@ -160,7 +165,7 @@ def _f16_out_shape(
 def _check_f16(args: _F16Args) -> None:
     (
         x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
-        residual_head,
+        residual_head, keep, keep_slots,
     ) = args  # fmt: skip
     if products not in (1, 3):
         raise ShapeError(f"conv1d_split_f16 takes products=3 (split) or 1 (heads only), got {products}")
@@ -203,6 +208,7 @@ def _check_f16(args: _F16Args) -> None:
         )
     if peak is not None and tuple(peak.shape) != (x.shape[0],):
         raise ShapeError(f"conv1d_split_f16: peaks of {tuple(peak.shape)} for a batch of {x.shape[0]}")
+    check_keep(keep, keep_slots, x, kept, "conv1d_split_f16")
     for name, t, dtype in (
         ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
         ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32), ("residual", residual, torch.float32),
@@ -212,7 +218,47 @@ def _check_f16(args: _F16Args) -> None:
             raise DTypeError(f"conv1d_split_f16 needs {dtype} {name}, got {t.dtype}")
 
 
-@torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=())
+def check_keep(keep: Tensor | None, slots: Tensor | None, x: Tensor, kept: int, op: str) -> None:
+    """A state to keep, ``keep`` ``[S, C, L]`` float32 (each slot's ``C * L`` samples contiguous) with
+    ``slots`` ``[B]`` int64, for an input ``cat(head, x)`` of ``kept + T`` samples: else a typed error
+    naming ``op``."""
+    if keep is None and slots is None:
+        return
+    if keep is None or slots is None:
+        raise ShapeError(f"{op}: keep and keep_slots come together")
+    if (
+        keep.dim() != 3
+        or keep.shape[1] != x.shape[1]
+        or not 0 < keep.shape[2] <= kept + x.shape[2]
+        or keep.stride(2) != 1
+        or keep.stride(1) != keep.shape[2]
+        or tuple(slots.shape) != (x.shape[0],)
+    ):
+        raise ShapeError(
+            f"{op}: keeping {tuple(keep.shape)} (strides {keep.stride()}) by slots {tuple(slots.shape)} from "
+            f"{kept} + {x.shape[2]} samples of {tuple(x.shape)}"
+        )
+    if keep.dtype != torch.float32 or slots.dtype != torch.int64 or keep.device != x.device:
+        raise DTypeError(f"{op}: keep must be float32 and keep_slots int64, on x's device")
+
+
+def keep_tail(keep: tuple[Tensor, Tensor] | None, head: Tensor | None, x: Tensor) -> None:
+    """``pool[slots[b]] = cat(head, x)[b, :, -L:]`` for ``keep = (pool, slots)``: what the kernels that take
+    a state to keep write (nothing for None)."""
+    if keep is None:
+        return
+    pool, slots = keep
+    length = pool.shape[-1]
+    whole = x if head is None or x.shape[-1] >= length else torch.cat([head, x], dim=-1)
+    pool.index_copy_(0, slots, whole[..., whole.shape[-1] - length :].to(pool.dtype))
+
+
+def keep_pair(keep: Tensor | None, slots: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    """An op's ``keep`` and ``keep_slots`` arguments as one ``(pool, slots)`` target (None unless both)."""
+    return (keep, slots) if keep is not None and slots is not None else None
+
+
+@torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=("keep",))
 def conv1d_split_f16(
     x: Tensor,
     w_hi: Tensor,
@@ -228,6 +274,8 @@ def conv1d_split_f16(
     head: Tensor | None = None,
     products: int = 3,
     residual_head: Tensor | None = None,
+    keep: Tensor | None = None,
+    keep_slots: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -257,13 +305,18 @@ def conv1d_split_f16(
 
     ``residual_head`` (``[B, Cout', H]``), if given, comes before ``residual`` in time: the residual added
     is ``cat(residual_head, residual)`` (``residual`` None where the head covers the whole output), read
-    where each part lies on CUDA: a delay line's kept history and the new samples it passes on."""
+    where each part lies on CUDA: a delay line's kept history and the new samples it passes on.
+
+    ``keep`` (``[S, Cin, L]``, mutated) and ``keep_slots`` (``[B]`` int64), if given: the op also writes
+    the last ``L`` samples of each row's ``cat(head, x)`` to ``keep[keep_slots[b]]`` (:func:`keep_tail`), a
+    stateful layer's new state; on CUDA the split stores them as it reads them."""
     _check_f16(
         _F16Args(
             x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
-            residual_head,
+            residual_head, keep, keep_slots,
         )
     )  # fmt: skip
+    keep_tail(keep_pair(keep, keep_slots), head, x)
     residual = joined_residual(residual_head, residual)
     parts = w_hi.float() + w_lo.float() if products == 3 else w_hi.float()
     weight = (parts * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
@@ -326,7 +379,15 @@ def _(*args: Any, **kwargs: Any) -> Tensor:
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(a.x.device):
-        x_hi, x_lo, x_inv = tc.split_f16(a.x, a.pad_left, a.pad_right, a.peak, a.head, tails=a.products == 3)
+        x_hi, x_lo, x_inv = tc.split_f16(
+            a.x,
+            a.pad_left,
+            a.pad_right,
+            a.peak,
+            a.head,
+            tails=a.products == 3,
+            keep=keep_pair(a.keep, a.keep_slots),
+        )
         return tc.conv1d_f16x3(
             x_hi,
             x_lo,
@@ -356,18 +417,21 @@ def split_conv1d_f16(
     head: Tensor | None = None,
     products: int = 3,
     residual_head: Tensor | None = None,
+    keep: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
     float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases``, ``head``,
-    ``products`` and ``residual_head`` as the op takes them.
+    ``products`` and ``residual_head`` as the op takes them; ``keep`` = ``(pool, slots)``: the op's
+    ``keep`` and ``keep_slots``.
 
     Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
     row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
     and a padded copy would be one more pass over the input."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
+    pool, slots = keep if keep is not None else (None, None)
     out: Tensor = torch.ops.streamdec.conv1d_split_f16(
         x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head,
-        products, residual_head,
+        products, residual_head, pool, slots,
     )  # fmt: skip
     return out

@@ -358,6 +358,60 @@ def test_halo_kernel_and_row_peaks_skip_padding_rows(
 
 
 @needs_interpreter
+@pytest.mark.timeout(900)
+@settings(max_examples=10, deadline=None)
+@given(
+    length=st.sampled_from([4, 20, 40, 300]),
+    kept=st.sampled_from([0, 10]),
+    pack=st.booleans(),
+    variant=st.sampled_from(["halo", "blocked"]),
+    live=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_halo_kernel_writes_each_rows_kept_inputs_to_its_slot(
+    length: int, kept: int, pack: bool, variant: str, live: int, seed: int
+) -> None:
+    """With ``keep`` the window kernel also copies each row's last ``L`` inputs of ``cat(head, x)`` to its
+    slot of a pool (packed rows or whole ones; the blocked variant by a pass of its own), as
+    ``index_copy_`` of the new state would, without changing an output bit; other slots and other
+    layers' columns stay as they were, and rows past the live count write nothing."""
+    from streamdec.kernels import _triton_alias_free as tk
+    from streamdec.kernels import sizing
+
+    act = random_activation(5, seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 5, length, generator=gen) * 3
+    head = torch.randn(3, 5, kept, generator=gen) * 3 if kept else None
+    start = 8 if kept else 0
+    keep_len = min(10, kept + length)
+    flat = torch.randn(5, 2 + 5 * keep_len + 3, generator=gen)
+    pool = flat[:, 2 : 2 + 5 * keep_len].view(5, 5, keep_len)
+    slots = torch.tensor([4, 0, 2])
+    want = flat.clone()
+    whole = x if head is None else torch.cat([head, x], -1)
+    want[:, 2 : 2 + 5 * keep_len].view(5, 5, keep_len)[slots[:live]] = whole[:live, :, -keep_len:]
+    batch, channels = 3, 5
+    count = kept + length - start
+    args = (
+        x.reshape(batch * channels, length),
+        act.filter.view(af.TAPS),
+        act.act.alpha_exp,
+        act.act.beta_inv,
+    )
+    with pytest.MonkeyPatch.context() as patch, live_rows(torch.tensor([live])):
+        patch.setattr(sizing, "PACK_SHORT_ROWS", pack)
+        outs = []
+        for keep in ((pool, slots), None):
+            out = torch.full((batch * channels, count), float("nan"))
+            tk.launch_blocked(*args, out, None, head, start, variant=variant, keep=keep)
+            outs.append(out.view(batch, channels, count))
+    if variant == "blocked":  # no padding rows skipped there: its copy is a torch pass over every row
+        want[:, 2 : 2 + 5 * keep_len].view(5, 5, keep_len)[slots] = whole[:, :, -keep_len:]
+    assert torch.equal(flat, want)
+    assert torch.equal(outs[0][:live], outs[1][:live])
+
+
+@needs_interpreter
 @pytest.mark.parametrize("variant", ["halo8", "halo16"])
 def test_halo_kernel_window_from_sample_5(variant: str) -> None:
     """A window starting at 5 (its first output reads S(-1) = S(0)) is right; the blocked kernel, which
@@ -450,15 +504,20 @@ def _compile_for_sm90(kernel: Any, constants: dict[str, Any], warps: int, tmp_pa
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    pointers = {"x_ptr", "out_ptr", "f_ptr", "a_ptr", "b_ptr", "head_ptr"}
-    names = list(inspect.signature(kernel.fn).parameters)
+    pointers = {"x_ptr", "out_ptr", "f_ptr", "a_ptr", "b_ptr", "head_ptr", "keep_ptr"}
+    parameters = inspect.signature(kernel.fn).parameters
+    names = list(parameters)
+    defaults = {  # constexprs left out take their defaults (as a launch would), never a runtime value
+        n: p.default for n, p in parameters.items() if p.default is not inspect.Parameter.empty
+    }
+    constants = {**defaults, **constants}
     signature = {
         n: "constexpr"
         if n in constants
         else "*i32"
         if n == "peak_ptr"
         else "*i64"
-        if n == "live_ptr"
+        if n in ("live_ptr", "slots_ptr")
         else "*fp32"
         if n in pointers
         else "i32"
@@ -484,7 +543,7 @@ def test_halo_kernel_compiles_to_the_blocked_kernels_arithmetic(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Compiled for sm_90a without a GPU, without spills, the halo kernel (16 outputs a lane, a head and
-    peaks; 8 packed) stores the blocked kernel's expressions: its 8 outputs' two contraction patterns (a
+    peaks; 8 packed; skipping padding rows or not, keeping a state or not) stores the blocked kernel's expressions: its 8 outputs' two contraction patterns (a
     block's first output pairs its products differently), 2 or 1 to 14 or 7 in a lane of 16 or 8."""
     triton = pytest.importorskip("triton")
     if triton.knobs.runtime.interpret:  # the kernels were then built for the interpreter (tl.floor)
@@ -509,3 +568,6 @@ def test_halo_kernel_compiles_to_the_blocked_kernels_arithmetic(
         # Skipping padding rows (streamdec.kernels.rows) adds an early exit, not arithmetic.
         live = {**constants, "HAS_LIVE": True}
         assert _ptx_sums(_compile_for_sm90(tk._af_halo_kernel, live, warps, tmp_path)) == halo
+        # Writing the kept inputs to a slot (a stateful step's new state) copies, and computes nothing new.
+        keep = {**live, "KEEP": True, "KEEP_ROWS": 32 if packed else 2, "KEEP_BLOCK": 16}
+        assert _ptx_sums(_compile_for_sm90(tk._af_halo_kernel, keep, warps, tmp_path)) == halo

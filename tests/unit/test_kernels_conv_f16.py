@@ -556,6 +556,73 @@ def test_triton_split_reads_a_head_whose_rows_lie_apart(
         assert torch.equal(part, reference)
 
 
+def _state_pool(slots: int, channels: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """A stateful layer's pool view ``[slots, channels, length]`` inside a wider pool (other layers'
+    columns on either side, as :class:`~streamdec.engine.slots.StatePool` lays them out)."""
+    flat = torch.randn(slots, 3 + channels * length + 4, generator=gen)
+    return flat[:, 3 : 3 + channels * length].view(slots, channels, length)
+
+
+@needs_interpreter
+@settings(max_examples=12, deadline=None)
+@given(row_cases, st.integers(0, 12), st.integers(1, 40), st.integers(0, 4))
+def test_triton_split_writes_the_kept_state_to_each_rows_slot(
+    p: dict[str, object], kept: int, keep_len: int, live: int
+) -> None:
+    """With ``keep`` the split also writes each row's last ``L`` samples of ``cat(head, x)`` to its slot
+    of a pool (steps shorter and longer than the state, with and without a head), exactly what
+    ``index_copy_`` of the new state writes; its float16 parts keep their bits; nothing else in the
+    pool changes, and rows past the live count write nothing."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    batch, channels, samples = int(p["batch"]), int(p["channels"]), int(p["samples"])  # type: ignore[call-overload]
+    keep_len = min(keep_len, kept + samples)
+    gen = torch.Generator().manual_seed(int(p["seed"]))  # type: ignore[call-overload]
+    head = _rows_apart(torch.ones(batch), channels, kept, 5, gen) if kept else None
+    x = torch.randn(batch, channels, samples, generator=gen)
+    pool = _state_pool(batch + 2, channels, keep_len, gen)
+    slots = torch.randperm(batch + 2, generator=gen)[:batch]
+    want = pool.base.clone().view(batch + 2, -1)
+    view = want[:, 3 : 3 + channels * keep_len].view(batch + 2, channels, keep_len)
+    whole = x if head is None else torch.cat([head, x], -1)
+    live = min(live, batch)
+    view[slots[:live]] = whole[:live, :, whole.shape[-1] - keep_len :]
+    with live_rows(torch.tensor([live])):
+        ours = tc.split_f16(x, 0, 0, None, head, keep=(pool, slots))
+        plain = tc.split_f16(x, 0, 0, None, head)
+    assert torch.equal(pool.base.view(batch + 2, -1), want)
+    for mine, theirs in zip(ours, plain, strict=True):
+        assert torch.equal(mine[:live], theirs[:live])
+
+
+def test_op_keeps_the_state_on_the_cpu_and_refuses_a_bad_pool() -> None:
+    """The op's reference path writes the kept samples as the kernel does; a pool of the wrong shape,
+    layout or dtype, or slots without a pool, are typed errors."""
+    gen = torch.Generator().manual_seed(3)
+    x, head = torch.randn(2, 5, 3, generator=gen), torch.randn(2, 5, 6, generator=gen)
+    packed, inverse = pack_split_weight_f16(torch.randn(4, 5, 3, generator=gen))
+    pool, slots = torch.zeros(4, 5, 6), torch.tensor([3, 1])
+    out = split_conv1d_f16(x, packed, inverse, None, 1, head=head, keep=(pool, slots))
+    assert torch.equal(out, split_conv1d_f16(x, packed, inverse, None, 1, head=head))
+    assert torch.equal(pool[[3, 1]], torch.cat([head, x], -1)[..., -6:])
+    assert not pool[[0, 2]].any()
+    bad = [
+        ((torch.zeros(4, 4, 6), slots), ShapeError),  # channels
+        ((torch.zeros(4, 5, 10), slots), ShapeError),  # longer than head and x
+        ((torch.zeros(4, 6, 5).transpose(1, 2), slots), ShapeError),  # slot rows not contiguous
+        ((pool, torch.tensor([1])), ShapeError),  # a slot per row
+        ((pool.double(), slots), DTypeError),
+        ((pool, slots.int()), DTypeError),
+    ]
+    for keep, error in bad:
+        with pytest.raises(error):
+            split_conv1d_f16(x, packed, inverse, None, 1, head=head, keep=keep)
+    with pytest.raises(ShapeError, match="together"):
+        torch.ops.streamdec.conv1d_split_f16(
+            x, packed[0], packed[1], inverse, None, 1, 0, 0, None, None, 1, head, 3, None, pool, None
+        )
+
+
 @needs_interpreter
 @pytest.mark.parametrize(
     ("kept", "before_len"), [(10, 0), (10, 6), (0, 30)], ids=["no-history", "history", "no-head"]

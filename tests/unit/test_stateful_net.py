@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import streamdec
 from streamdec.codecs.layers import routing
-from streamdec.codecs.stateful import StatefulNet, supports_stateful
+from streamdec.codecs.stateful import Conv, Leaf, StatefulNet, supports_stateful
 from streamdec.engine.scheduler import Scheduler
 from streamdec.engine.slots import SlotAllocator, StatePool
 from streamdec.errors import ConfigError, TooManyStreamsError
@@ -216,7 +215,8 @@ def test_fused_pool_gives_the_per_layer_bits_with_repeated_scratch_slots(name: s
             assert torch.equal(pools[0].flat[:4], pools[1].flat[:4]), kind
             if kind != "prime":
                 assert counters[0].counts["index_select"] == 1
-                assert counters[1].counts["index_select"] == len(net.leaves)
+                # the per-layer pool reads each layer's state, and again for a delay line sharing it
+                assert counters[1].counts["index_select"] == len(net.leaves) + len(net.shared)
     assert pools[0].nbytes == net.state_bytes() * 5
 
 
@@ -239,6 +239,33 @@ def test_fused_step_after_a_prime_equals_the_direct_net() -> None:
         assert torch.equal(pool_view[[1, 0]], s)  # batch row 0 is slot 1
 
 
+@settings(max_examples=20, deadline=None)
+@given(stride=st.integers(1, 5), taps=st.integers(1, 4), frames=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_transposed_conv_steps_on_its_phases_without_a_buffer(
+    stride: int, taps: int, frames: int, seed: int
+) -> None:
+    """On the phase-convolution path a stateful transposed convolution computes only its new inputs'
+    outputs, reading its kept inputs in place: the outputs of the whole buffer's convolution past the
+    kept part, and the same kept state."""
+    from streamdec.codecs.layers import CausalConvTranspose1d
+
+    gen = torch.Generator().manual_seed(seed)
+    conv = CausalConvTranspose1d(6, 5, taps * stride, stride)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen))
+    head, x = torch.randn(3, 6, taps - 1, generator=gen), torch.randn(3, 6, frames, generator=gen)
+    pool, slots = torch.zeros(4, 6, taps - 1), torch.tensor([2, 0, 3])
+    with pytest.MonkeyPatch.context() as patch, torch.inference_mode():
+        route_cpu_through_split(patch, f16=True)
+        conv.set_split(True, f16=True)
+        direct = conv.step_outputs(head, x, (pool, slots) if taps > 1 else None)
+        whole = conv(torch.cat([head, x], -1))[..., (taps - 1) * stride :]
+    assert direct is not None
+    torch.testing.assert_close(direct, whole, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool[slots], torch.cat([head, x], -1)[..., frames:])
+    assert conv.step_outputs(torch.randn(3, 6, taps), x) is None  # not the kept inputs' length
+
+
 def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], Counter[str]]:
     """CPU float32 calls take the fp16x3 and fused-activation paths a CUDA input takes while the returned
     switch is on, each op running its Triton kernels under the interpreter, launched as its CUDA
@@ -256,10 +283,14 @@ def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple
     def conv(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int,
              pad_left: int = 0, pad_right: int = 0, residual: Tensor | None = None, peak: Tensor | None = None,
              phases: int = 1, head: Tensor | None = None, products: int = 3,
-             residual_head: Tensor | None = None) -> Tensor:  # fmt: skip
+             residual_head: Tensor | None = None, keep: Tensor | None = None,
+             keep_slots: Tensor | None = None) -> Tensor:  # fmt: skip
         if residual_head is not None:
             calls["residual in two parts"] += 1
-        parts = tc.split_f16(x, pad_left, pad_right, peak, head)
+        if keep is not None:
+            calls["state kept by the kernel"] += 1
+        targets = (keep, keep_slots) if keep is not None and keep_slots is not None else None
+        parts = tc.split_f16(x, pad_left, pad_right, peak, head, keep=targets)
         return tc.conv1d_f16x3(
             *parts,
             w_hi,
@@ -272,13 +303,23 @@ def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple
             residual_head=residual_head,
         )
 
-    def window(head: Tensor, x: Tensor, filt: Tensor, a: Tensor, b: Tensor, start: int, n: int) -> Tensor:
-        return af.window_launch(tk, head, x, filt, a, b, start, n, None)
+    def window(
+        head: Tensor, x: Tensor, filt: Tensor, a: Tensor, b: Tensor, start: int, n: int,
+        keep: Tensor | None = None, keep_slots: Tensor | None = None,
+    ) -> Tensor:  # fmt: skip
+        if keep is not None:
+            calls["state kept by the kernel"] += 1
+        return af.window_launch(tk, head, x, filt, a, b, start, n, None, keep, keep_slots)
+
+    def window_peak(*args: Any) -> tuple[Tensor, Tensor]:
+        if len(args) > 8 and args[8] is not None:
+            calls["state kept by the kernel"] += 1
+        return af.window_peak_launch(tk, *args)
 
     ops = {
         "conv1d_split_f16": conv,
         "alias_free_activation_window": window,
-        "alias_free_activation_window_peak": functools.partial(af.window_peak_launch, tk),
+        "alias_free_activation_window_peak": window_peak,
     }
     calls: Counter[str] = Counter()
 
@@ -301,7 +342,8 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
 ) -> None:
     """A tiny-codec fp16x3 step on the kernels a GPU runs (interpreted), after a prime on the CPU path:
     the fused step (residuals in the conv epilogue, read in two parts where a delay line gives them, row
-    peaks from the window op, heads read in place from the gathered copy) gives the per-layer step's audio and new states bit for bit."""
+    peaks from the window op, heads read in place from the gathered copy, new states written by the splits
+    and the activations) gives the per-layer step's audio and new states bit for bit."""
     on, calls = _route_through_interpreted_kernels(monkeypatch)
     codec = streamdec.load_codec("tiny")
     codec.precision = "fp16x3"
@@ -317,16 +359,19 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
         for pool in pools:
             pool.prime(torch.tensor([0, 1]), prime)
         on[0] = True
-        outs, handed, in_parts = [], [], []
+        outs, handed, in_parts, kept = [], [], [], []
         for pool in pools:
             calls.clear()
             outs.append(pool.step(index, z))
             handed.append(calls["alias_free_activation_window_peak"])
             in_parts.append(calls["residual in two parts"])
+            kept.append(calls["state kept by the kernel"])
     assert torch.equal(outs[0][[0, 2]], outs[1][[0, 2]])
     assert torch.equal(pools[0].flat[:2], pools[1].flat[:2])
     assert handed[0] > 0 and handed[1] == 0  # only the fused step hands peaks over
     assert in_parts[0] > 0 and in_parts[1] == 0  # and reads delay lines' outputs in two parts
+    # its convolutions' splits and its activations write their layers' new states themselves
+    assert kept[0] == sum(isinstance(leaf, Conv | Leaf) for leaf in net.leaves) and kept[1] == 0
 
 
 def test_live_rows_takes_one_int64_count_and_restores_the_outer_one() -> None:

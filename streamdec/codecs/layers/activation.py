@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval, through
 from streamdec.codecs.layers import routing
+from streamdec.kernels.conv import keep_tail
 from streamdec.kernels.split import split_input, split_weight
 
 __all__ = [
@@ -201,16 +202,22 @@ class AliasFreeActivation(nn.Module):
             return out, peak
         return self(x), None
 
-    def window(self, head: Tensor, x: Tensor, start: int, length: int) -> Tensor:
+    def window(
+        self, head: Tensor, x: Tensor, start: int, length: int, keep: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         """``self(cat(head, x))[..., start : start + length]``: where the causal fused op runs, computed in
         one pass that reads ``head`` and ``x`` in place and writes only the window (a stateful step keeps
-        a history and computes only the outputs whose reach has arrived)."""
+        a history and computes only the outputs whose reach has arrived). ``keep`` = ``(pool, slots)``:
+        also write each row's last ``pool.shape[-1]`` inputs of ``cat(head, x)`` to ``pool[slots[b]]``
+        (the layer's new state; the fused op copies them as it reads them)."""
+        pool, slots = keep if keep is not None else (None, None)
         if self._window_fused(x, start, length):
             out: Tensor = torch.ops.streamdec.alias_free_activation_window(
-                head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length
+                head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length, pool, slots
             )
             return out
         whole: Tensor = self(torch.cat([head, x], dim=-1))
+        keep_tail(keep, head, x)
         return whole[..., start : start + length]
 
     def _window_fused(self, x: Tensor, start: int, length: int) -> bool:
@@ -218,18 +225,34 @@ class AliasFreeActivation(nn.Module):
         return fused and (start == 0 or start >= 5) and length >= 1
 
     def window_with_peak(
-        self, head: Tensor, x: Tensor, start: int, length: int, before: Tensor | None
+        self,
+        head: Tensor,
+        x: Tensor,
+        start: int,
+        length: int,
+        before: Tensor | None,
+        keep: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """``(self.window(head, x, start, length), peak)``: where the causal fused op runs, ``peak`` is int32
-        ``[B]``, the float32 bits of each batch row's largest magnitude in ``cat(before, window)``, what a
-        float16 split convolution of the window after its own history ``before`` needs (None: no history);
-        elsewhere None. The window's values are the same either way."""
+        """``(self.window(head, x, start, length, keep), peak)``: where the causal fused op runs, ``peak`` is
+        int32 ``[B]``, the float32 bits of each batch row's largest magnitude in ``cat(before, window)``,
+        what a float16 split convolution of the window after its own history ``before`` needs (None: no
+        history); elsewhere None. The window's values are the same either way."""
         if self._window_fused(x, start, length):
+            pool, slots = keep if keep is not None else (None, None)
             out, peak = torch.ops.streamdec.alias_free_activation_window_peak(
-                head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length, before
+                head,
+                x,
+                self.filter,
+                self.act.alpha_exp,
+                self.act.beta_inv,
+                start,
+                length,
+                before,
+                pool,
+                slots,
             )
             return out, peak
-        return self.window(head, x, start, length), None
+        return self.window(head, x, start, length, keep), None
 
     def _centred_from_causal(self, x: Tensor) -> Tensor:  # [B, C, T >= 16] -> [B, C, T]
         """The centred activation through the causal fused op (same values up to float32 rounding).

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval
 from streamdec.codecs.layers import routing
 from streamdec.codecs.layers.activation import AliasFreeActivation
-from streamdec.kernels.conv import joined_residual, split_conv1d, split_conv1d_f16
+from streamdec.kernels.conv import joined_residual, keep_tail, split_conv1d, split_conv1d_f16
 from streamdec.kernels.split import pack_split_weight, pack_split_weight_f16, split_input, split_weight
 
 __all__ = [
@@ -92,6 +92,7 @@ class SplitConv(nn.Module):
         phases: int = 1,
         head: Tensor | None = None,
         residual_head: Tensor | None = None,
+        keep: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """``cat(head, x)`` (``head`` may be None) zero-padded by ``pads`` through this layer's
         ordinary-convolution form (then
@@ -99,14 +100,18 @@ class SplitConv(nn.Module):
         groups in time (a transposed convolution's phases, see ``conv1d_split_f16``). The float16 op pads
         as it splits, adds the residual in its epilogue and takes ``x``'s row peaks from ``peak`` when
         given: no padded copy, no separate add, no pass for the peaks. ``residual_head``, if given, comes
-        before ``residual`` in time (see :func:`joined_residual`); the float16 op reads the two in place."""
+        before ``residual`` in time (see :func:`joined_residual`); the float16 op reads the two in place.
+        ``keep`` = ``(pool, slots)``: also write each row's last ``pool.shape[-1]`` samples of
+        ``cat(head, x)`` to ``pool[slots[b]]`` (:func:`keep_tail`; the float16 op's split stores them as
+        it reads them)."""
         if self.packed_f16 is not None:
             assert self.f16_inverse is not None  # set with packed_f16
             out: Tensor = split_conv1d_f16(
                 x, self.packed_f16, self.f16_inverse, bias, dilation, pads, residual, peak, phases, head,
-                self.f16_products, residual_head,
+                self.f16_products, residual_head, keep,
             )  # fmt: skip
             return out
+        keep_tail(keep, head, x)
         assert self.packed_split is not None  # on_triton held
         if head is not None:
             x = torch.cat([head, x], dim=-1)
@@ -174,6 +179,7 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         residual: Tensor | None = None,
         peak: Tensor | None = None,
         residual_head: Tensor | None = None,
+        keep: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:  # [B, Cin, H + T] -> [B, Cout, H + T + pads - (k-1)*d]
         """This convolution of ``cat(head, x)`` (``head`` may be None) with ``pads`` zeros around it instead
         of its own padding, on whichever path this layer takes, plus ``residual`` if given (as
@@ -181,11 +187,16 @@ class PaddedConv1d(SplitConv, nn.Conv1d):
         samples with none; the float16 kernel reads the two where they lie, adds the residual in its
         epilogue, and takes ``peak`` (the rows' peaks of ``cat(head, x)``, from the fused activation) as
         its split's. ``residual_head``, if given, comes before ``residual`` in time (a delay line's kept
-        history and its new samples, :func:`joined_residual`): the float16 kernel reads both in place."""
+        history and its new samples, :func:`joined_residual`): the float16 kernel reads both in place.
+        ``keep`` = ``(pool, slots)``: also write each row's last ``pool.shape[-1]`` samples of
+        ``cat(head, x)`` to ``pool[slots[b]]`` (a stateful layer's new state; the float16 kernel's split
+        stores them as it reads them)."""
         if self.on_triton(x):
             return self.triton_conv(
-                x, self.bias, self.dilation[0], pads, residual, peak, head=head, residual_head=residual_head
-            )
+                x, self.bias, self.dilation[0], pads, residual, peak, head=head, residual_head=residual_head,
+                keep=keep,
+            )  # fmt: skip
+        keep_tail(keep, head, x)
         if head is not None:
             x = torch.cat([head, x], dim=-1)
         x = F.pad(x, pads)
@@ -281,6 +292,25 @@ class CausalConvTranspose1d(_SplitConvTranspose1d):
             return self._polyphase(x)
         y = self.convolve(x)
         return y[..., : x.shape[-1] * self.stride[0]]
+
+    def step_outputs(
+        self, head: Tensor, x: Tensor, keep: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor | None:
+        """The ``T * stride`` outputs of the new inputs ``x`` ``[B, Cin, T]`` after the kept inputs ``head``
+        (the ``kernel // stride - 1`` before them): ``self(cat(head, x))[..., H * stride :]``, computed on
+        the phase convolutions without a concatenated buffer or a crop (each phase's output ``t`` reads
+        ``cat(head, x)[t .. t + H]``, so none is computed that is thrown away); ``keep`` as
+        :meth:`PaddedConv1d.convolve` takes it. None where this layer does not run on the phase
+        convolutions (the caller then convolves the buffer)."""
+        stride = self.stride[0]
+        if (
+            not self.on_triton(x)
+            or self.kernel_size[0] % stride
+            or head.shape[-1] != self.kernel_size[0] // stride - 1
+        ):
+            return None
+        bias = None if self.bias is None else self.bias.repeat(stride)
+        return self.triton_conv(x, bias, 1, (0, 0), phases=stride, head=head, keep=keep)
 
     def _polyphase(self, x: Tensor) -> Tensor:
         stride = self.stride[0]
