@@ -135,8 +135,8 @@ def alias_free_activation_window(
     beta_inv: Tensor,
     start: int,
     length: int,
-    keep: Tensor | None = None,
-    keep_slots: Tensor | None = None,
+    keep: Tensor | None,
+    keep_slots: Tensor | None,
 ) -> Tensor:
     """``alias_free_activation(cat(head, x))[..., start : start + length]`` without the concatenation or
     the outputs outside the window: a stateful step's activation of its kept history (``head``,
@@ -180,7 +180,7 @@ def _check_window(head: Tensor, x: Tensor, start: int, length: int) -> None:
 @alias_free_activation_window.register_fake
 def _(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
-    keep: Tensor | None = None, keep_slots: Tensor | None = None,
+    keep: Tensor | None, keep_slots: Tensor | None,
 ) -> Tensor:  # fmt: skip
     return x.new_empty(x.shape[0], x.shape[1], length)
 
@@ -188,7 +188,7 @@ def _(
 @alias_free_activation_window.register_kernel("cuda")
 def _(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
-    keep: Tensor | None = None, keep_slots: Tensor | None = None,
+    keep: Tensor | None, keep_slots: Tensor | None,
 ) -> Tensor:  # fmt: skip
     _check_window(head, x, start, length)
     _check(x, filt, alpha_exp, beta_inv)
@@ -225,8 +225,8 @@ def alias_free_activation_window_peak(
     start: int,
     length: int,
     before: Tensor | None,
-    keep: Tensor | None = None,
-    keep_slots: Tensor | None = None,
+    keep: Tensor | None,
+    keep_slots: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`alias_free_activation_window` and, per batch row, the float32 bits (int32 ``[B]``) of the
     largest magnitude in ``cat(before, out)``: the row peaks of a float16 split convolution that reads
@@ -245,7 +245,7 @@ def alias_free_activation_window_peak(
 @alias_free_activation_window_peak.register_fake
 def _(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
-    before: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
+    before: Tensor | None, keep: Tensor | None, keep_slots: Tensor | None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     return x.new_empty(x.shape[0], x.shape[1], length), x.new_empty(x.shape[0], dtype=torch.int32)
 
@@ -253,7 +253,7 @@ def _(
 @alias_free_activation_window_peak.register_kernel("cuda")
 def _(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
-    before: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
+    before: Tensor | None, keep: Tensor | None, keep_slots: Tensor | None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     _check_window(head, x, start, length)
     _check(x, filt, alpha_exp, beta_inv)

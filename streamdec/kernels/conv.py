@@ -49,6 +49,7 @@ __all__ = [
     "ENV_ENABLE",
     "check_keep",
     "conv1d_split_f16",
+    "conv1d_split_f16_keep",
     "conv1d_split_tf32",
     "f16_conv_supported",
     "keep_pair",
@@ -150,8 +151,6 @@ class _F16Args(NamedTuple):
     head: Tensor | None = None
     products: int = 3
     residual_head: Tensor | None = None
-    keep: Tensor | None = None
-    keep_slots: Tensor | None = None
 
 
 def _f16_out_shape(
@@ -165,7 +164,7 @@ def _f16_out_shape(
 def _check_f16(args: _F16Args) -> None:
     (
         x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
-        residual_head, keep, keep_slots,
+        residual_head,
     ) = args  # fmt: skip
     if products not in (1, 3):
         raise ShapeError(f"conv1d_split_f16 takes products=3 (split) or 1 (heads only), got {products}")
@@ -208,7 +207,6 @@ def _check_f16(args: _F16Args) -> None:
         )
     if peak is not None and tuple(peak.shape) != (x.shape[0],):
         raise ShapeError(f"conv1d_split_f16: peaks of {tuple(peak.shape)} for a batch of {x.shape[0]}")
-    check_keep(keep, keep_slots, x, kept, "conv1d_split_f16")
     for name, t, dtype in (
         ("x", x, torch.float32), ("w_hi", w_hi, torch.float16), ("w_lo", w_lo, torch.float16),
         ("w_inv", w_inv, torch.float32), ("bias", bias, torch.float32), ("residual", residual, torch.float32),
@@ -258,7 +256,7 @@ def keep_pair(keep: Tensor | None, slots: Tensor | None) -> tuple[Tensor, Tensor
     return (keep, slots) if keep is not None and slots is not None else None
 
 
-@torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=("keep",))
+@torch.library.custom_op("streamdec::conv1d_split_f16", mutates_args=())
 def conv1d_split_f16(
     x: Tensor,
     w_hi: Tensor,
@@ -274,8 +272,6 @@ def conv1d_split_f16(
     head: Tensor | None = None,
     products: int = 3,
     residual_head: Tensor | None = None,
-    keep: Tensor | None = None,
-    keep_slots: Tensor | None = None,
 ) -> Tensor:
     """``conv1d(F.pad(x, (pad_left, pad_right)), w, bias, dilation=dilation)`` (plus ``residual``, if
     given: added in the kernel's epilogue, rounded as a separate float32 add would) for a float32 ``x``
@@ -305,18 +301,13 @@ def conv1d_split_f16(
 
     ``residual_head`` (``[B, Cout', H]``), if given, comes before ``residual`` in time: the residual added
     is ``cat(residual_head, residual)`` (``residual`` None where the head covers the whole output), read
-    where each part lies on CUDA: a delay line's kept history and the new samples it passes on.
-
-    ``keep`` (``[S, Cin, L]``, mutated) and ``keep_slots`` (``[B]`` int64), if given: the op also writes
-    the last ``L`` samples of each row's ``cat(head, x)`` to ``keep[keep_slots[b]]`` (:func:`keep_tail`), a
-    stateful layer's new state; on CUDA the split stores them as it reads them."""
+    where each part lies on CUDA: a delay line's kept history and the new samples it passes on."""
     _check_f16(
         _F16Args(
             x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
-            residual_head, keep, keep_slots,
+            residual_head,
         )
     )  # fmt: skip
-    keep_tail(keep_pair(keep, keep_slots), head, x)
     residual = joined_residual(residual_head, residual)
     parts = w_hi.float() + w_lo.float() if products == 3 else w_hi.float()
     weight = (parts * w_inv[None, :, None]).permute(1, 2, 0)  # [Cout, Cin', k]
@@ -374,19 +365,66 @@ def _(*args: Any, **kwargs: Any) -> Tensor:
 
 @conv1d_split_f16.register_kernel("cuda")
 def _(*args: Any, **kwargs: Any) -> Tensor:
+    return _f16_on_cuda(_F16Args(*args, **kwargs), None)
+
+
+@torch.library.custom_op("streamdec::conv1d_split_f16_keep", mutates_args=("keep",))
+def conv1d_split_f16_keep(
+    keep: Tensor,
+    keep_slots: Tensor,
+    x: Tensor,
+    w_hi: Tensor,
+    w_lo: Tensor,
+    w_inv: Tensor,
+    bias: Tensor | None,
+    dilation: int,
+    pad_left: int = 0,
+    pad_right: int = 0,
+    residual: Tensor | None = None,
+    peak: Tensor | None = None,
+    phases: int = 1,
+    head: Tensor | None = None,
+    products: int = 3,
+    residual_head: Tensor | None = None,
+) -> Tensor:
+    """:func:`conv1d_split_f16`, and the last ``L`` samples of each row's ``cat(head, x)`` written to
+    ``keep[keep_slots[b]]`` (``keep`` ``[S, Cin, L]``, mutated; ``keep_slots`` ``[B]`` int64;
+    :func:`keep_tail`): a stateful layer's new state, which on CUDA the split stores as it reads the
+    samples. (An op of its own, so that the state it writes is a leading, required argument: a mutated
+    argument left at its default is dropped from the dispatcher's call.)"""
+    a = _F16Args(
+        x, w_hi, w_lo, w_inv, bias, dilation, pad_left, pad_right, residual, peak, phases, head, products,
+        residual_head,
+    )  # fmt: skip
+    _check_f16(a)
+    check_keep(keep, keep_slots, x, 0 if head is None else head.shape[2], "conv1d_split_f16_keep")
+    keep_tail((keep, keep_slots), head, x)
+    out: Tensor = conv1d_split_f16(*a)
+    return out
+
+
+@conv1d_split_f16_keep.register_fake
+def _(keep: Tensor, keep_slots: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     a = _F16Args(*args, **kwargs)
+    kept = 0 if a.head is None else a.head.shape[2]
+    return a.x.new_empty(_f16_out_shape(a.x, a.w_hi, a.dilation, a.pad_left, a.pad_right, a.phases, kept))
+
+
+@conv1d_split_f16_keep.register_kernel("cuda")
+def _(keep: Tensor, keep_slots: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    a = _F16Args(*args, **kwargs)
+    check_keep(keep, keep_slots, a.x, 0 if a.head is None else a.head.shape[2], "conv1d_split_f16_keep")
+    return _f16_on_cuda(a, (keep, keep_slots))
+
+
+def _f16_on_cuda(a: _F16Args, keep: tuple[Tensor, Tensor] | None) -> Tensor:
+    """The float16 op's CUDA work: the input split (writing ``keep``'s state, if given), then the kernel."""
     _check_f16(a)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
     with torch.cuda.device(a.x.device):
         x_hi, x_lo, x_inv = tc.split_f16(
-            a.x,
-            a.pad_left,
-            a.pad_right,
-            a.peak,
-            a.head,
-            tails=a.products == 3,
-            keep=keep_pair(a.keep, a.keep_slots),
+            a.x, a.pad_left, a.pad_right, a.peak, a.head, tails=a.products == 3, keep=keep
         )
         return tc.conv1d_f16x3(
             x_hi,
@@ -421,17 +459,21 @@ def split_conv1d_f16(
 ) -> Tensor:
     """``conv1d(F.pad(x, pads), w, bias, dilation=dilation)`` (``+ residual``, if given) through the
     float16 op, ``(packed, inverse)`` = ``pack_split_weight_f16(w)``; ``peak``, ``phases``, ``head``,
-    ``products`` and ``residual_head`` as the op takes them; ``keep`` = ``(pool, slots)``: the op's
-    ``keep`` and ``keep_slots``.
+    ``products`` and ``residual_head`` as the op takes them; ``keep`` = ``(pool, slots)``: through
+    :func:`conv1d_split_f16_keep`, which also writes the new state.
 
     Unlike :func:`split_conv1d`, the input's split (and its padding) happens inside the op: it needs each
     row's peak, a reduction that ``torch.compile`` would otherwise generate and compile for every layer,
     and a padded copy would be one more pass over the input."""
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d_f16 needs a float32 x, got {x.dtype}; use .float()")
-    pool, slots = keep if keep is not None else (None, None)
-    out: Tensor = torch.ops.streamdec.conv1d_split_f16(
-        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head,
-        products, residual_head, pool, slots,
+    args = (
+        x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head, products,
+        residual_head,
     )  # fmt: skip
+    out: Tensor = (
+        torch.ops.streamdec.conv1d_split_f16(*args)
+        if keep is None
+        else torch.ops.streamdec.conv1d_split_f16_keep(*keep, *args)
+    )
     return out

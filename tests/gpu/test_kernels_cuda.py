@@ -225,7 +225,7 @@ def test_window_reads_history_in_place_and_keeps_only_its_outputs(kept: int, len
         torch.cat([head, x], -1), act.filter, act.act.alpha_exp, act.act.beta_inv
     )
     window = torch.ops.streamdec.alias_free_activation_window(
-        head, x, act.filter, act.act.alpha_exp, act.act.beta_inv, start, count
+        head, x, act.filter, act.act.alpha_exp, act.act.beta_inv, start, count, None, None
     )
     if start % 8 == 0:
         assert torch.equal(window, whole[..., start : start + count])
@@ -245,8 +245,8 @@ def test_window_with_peak_gives_the_window_and_the_peaks_of_history_and_window(b
     before = rows[:, 48 * 10 : 48 * (10 + before_len)].view(64, 48, before_len)
     x = torch.randn(64, 48, 20, device="cuda", generator=gen)
     args = (act.filter, act.act.alpha_exp, act.act.beta_inv, 8, 22)
-    want = torch.ops.streamdec.alias_free_activation_window(head.contiguous(), x, *args)
-    out, peak = torch.ops.streamdec.alias_free_activation_window_peak(head, x, *args, before)
+    want = torch.ops.streamdec.alias_free_activation_window(head.contiguous(), x, *args, None, None)
+    out, peak = torch.ops.streamdec.alias_free_activation_window_peak(head, x, *args, before, None, None)
     assert torch.equal(out, want)
     truth = torch.cat([before.reshape(64, -1), want.reshape(64, -1)], 1).abs().amax(1)
     assert torch.equal(peak.view(torch.float32), truth)

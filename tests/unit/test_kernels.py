@@ -193,9 +193,11 @@ def test_window_op_is_the_activation_of_history_and_input_cropped(
     count = kept + length - start
     if count < 1 or 0 < start < 5:
         with pytest.raises(ShapeError):
-            torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, max(count, 1))
+            torch.ops.streamdec.alias_free_activation_window(
+                head, x, *_op_args(act), start, max(count, 1), None, None
+            )
         return
-    out = torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, count)
+    out = torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, count, None, None)
     assert out.shape == (2, 3, count)
     assert (out - whole[..., start:]).abs().max().item() <= 1e-5
     assert torch.equal(act.window(head, x, start, count), whole[..., start:])
@@ -205,8 +207,16 @@ def test_window_op_opcheck_cpu() -> None:
     act = random_activation(4, 6)
     head, x = torch.randn(2, 4, 10), torch.randn(2, 4, 20)
     torch.library.opcheck(
-        torch.ops.streamdec.alias_free_activation_window.default, (head, x, *_op_args(act), 8, 21)
+        torch.ops.streamdec.alias_free_activation_window.default, (head, x, *_op_args(act), 8, 21, None, None)
     )
+    # with a state to keep (a mutated argument): the op writes each row's last inputs to its slot
+    pool, slots = torch.zeros(3, 4, 10), torch.tensor([2, 0])
+    torch.library.opcheck(
+        torch.ops.streamdec.alias_free_activation_window.default,
+        (head, x, *_op_args(act), 8, 21, pool, slots),
+    )
+    torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), 8, 21, pool, slots)
+    assert torch.equal(pool[[2, 0]], x[..., -10:]) and not pool[1].any()
 
 
 @settings(max_examples=20, deadline=None)
@@ -228,17 +238,19 @@ def test_window_peak_op_gives_the_window_and_the_peaks_of_history_and_window(
     before = torch.randn(2, 3, before_len, generator=gen) * torch.tensor([1e3, 1e-3])[:, None, None]
     start = 8 if kept + length > 8 else 0
     count = kept + length - start
-    window = torch.ops.streamdec.alias_free_activation_window(head, x, *_op_args(act), start, count)
+    window = torch.ops.streamdec.alias_free_activation_window(
+        head, x, *_op_args(act), start, count, None, None
+    )
     for history in (before, None):
         out, peak = torch.ops.streamdec.alias_free_activation_window_peak(
-            head, x, *_op_args(act), start, count, history
+            head, x, *_op_args(act), start, count, history, None, None
         )
         assert torch.equal(out, window)
         rows = torch.cat([window, before], -1) if history is not None else window
         assert torch.equal(peak.view(torch.float32), rows.abs().amax(dim=(1, 2)))
     with pytest.raises(ShapeError):
         torch.ops.streamdec.alias_free_activation_window_peak(
-            head, x, *_op_args(act), start, count, torch.cat([before, before])
+            head, x, *_op_args(act), start, count, torch.cat([before, before]), None, None
         )
 
 
@@ -248,7 +260,7 @@ def test_window_peak_op_opcheck_cpu() -> None:
     for history in (before, None):
         torch.library.opcheck(
             torch.ops.streamdec.alias_free_activation_window_peak.default,
-            (head, x, *_op_args(act), 8, 21, history),
+            (head, x, *_op_args(act), 8, 21, history, None, None),
         )
 
 

@@ -596,8 +596,8 @@ def test_triton_split_writes_the_kept_state_to_each_rows_slot(
 
 
 def test_op_keeps_the_state_on_the_cpu_and_refuses_a_bad_pool() -> None:
-    """The op's reference path writes the kept samples as the kernel does; a pool of the wrong shape,
-    layout or dtype, or slots without a pool, are typed errors."""
+    """The keeping op's reference path writes the kept samples as the kernel does (its mutation declared,
+    as opcheck checks); a pool of the wrong shape, layout or dtype is a typed error."""
     gen = torch.Generator().manual_seed(3)
     x, head = torch.randn(2, 5, 3, generator=gen), torch.randn(2, 5, 6, generator=gen)
     packed, inverse = pack_split_weight_f16(torch.randn(4, 5, 3, generator=gen))
@@ -617,10 +617,10 @@ def test_op_keeps_the_state_on_the_cpu_and_refuses_a_bad_pool() -> None:
     for keep, error in bad:
         with pytest.raises(error):
             split_conv1d_f16(x, packed, inverse, None, 1, head=head, keep=keep)
-    with pytest.raises(ShapeError, match="together"):
-        torch.ops.streamdec.conv1d_split_f16(
-            x, packed[0], packed[1], inverse, None, 1, 0, 0, None, None, 1, head, 3, None, pool, None
-        )
+    torch.library.opcheck(  # the state it writes is declared as mutated
+        torch.ops.streamdec.conv1d_split_f16_keep.default,
+        (pool, slots, x, packed[0], packed[1], inverse, None, 1, 0, 0, None, None, 1, head),
+    )
 
 
 @needs_interpreter

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import streamdec
 from streamdec.codecs.layers import routing
-from streamdec.codecs.stateful import Conv, Leaf, StatefulNet, supports_stateful
+from streamdec.codecs.stateful import Conv, ConvTranspose, Leaf, StatefulNet, supports_stateful
 from streamdec.engine.scheduler import Scheduler
 from streamdec.engine.slots import SlotAllocator, StatePool
 from streamdec.errors import ConfigError, TooManyStreamsError
@@ -316,8 +316,12 @@ def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple
             calls["state kept by the kernel"] += 1
         return af.window_peak_launch(tk, *args)
 
+    def conv_keep(keep: Tensor, keep_slots: Tensor, *args: Any) -> Tensor:
+        return conv(*args, keep=keep, keep_slots=keep_slots)
+
     ops = {
         "conv1d_split_f16": conv,
+        "conv1d_split_f16_keep": conv_keep,
         "alias_free_activation_window": window,
         "alias_free_activation_window_peak": window_peak,
     }
@@ -371,7 +375,9 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
     assert handed[0] > 0 and handed[1] == 0  # only the fused step hands peaks over
     assert in_parts[0] > 0 and in_parts[1] == 0  # and reads delay lines' outputs in two parts
     # its convolutions' splits and its activations write their layers' new states themselves
-    assert kept[0] == sum(isinstance(leaf, Conv | Leaf) for leaf in net.leaves) and kept[1] == 0
+    assert (
+        kept[0] == sum(isinstance(leaf, Conv | ConvTranspose | Leaf) for leaf in net.leaves) and kept[1] == 0
+    )
 
 
 def test_live_rows_takes_one_int64_count_and_restores_the_outer_one() -> None:
