@@ -556,11 +556,13 @@ def test_triton_split_reads_a_head_whose_rows_lie_apart(
         assert torch.equal(part, reference)
 
 
-def _state_pool(slots: int, channels: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """A stateful layer's pool view ``[slots, channels, length]`` inside a wider pool (other layers'
-    columns on either side, as :class:`~streamdec.engine.slots.StatePool` lays them out)."""
+def _state_pool(
+    slots: int, channels: int, length: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pool ``[slots, width]`` and one stateful layer's view ``[slots, channels, length]`` of it, other
+    layers' columns on either side (as :class:`~streamdec.engine.slots.StatePool` lays them out)."""
     flat = torch.randn(slots, 3 + channels * length + 4, generator=gen)
-    return flat[:, 3 : 3 + channels * length].view(slots, channels, length)
+    return flat, flat[:, 3 : 3 + channels * length].view(slots, channels, length)
 
 
 @needs_interpreter
@@ -580,9 +582,9 @@ def test_triton_split_writes_the_kept_state_to_each_rows_slot(
     gen = torch.Generator().manual_seed(int(p["seed"]))  # type: ignore[call-overload]
     head = _rows_apart(torch.ones(batch), channels, kept, 5, gen) if kept else None
     x = torch.randn(batch, channels, samples, generator=gen)
-    pool = _state_pool(batch + 2, channels, keep_len, gen)
+    flat, pool = _state_pool(batch + 2, channels, keep_len, gen)
     slots = torch.randperm(batch + 2, generator=gen)[:batch]
-    want = pool.base.clone().view(batch + 2, -1)
+    want = flat.clone()
     view = want[:, 3 : 3 + channels * keep_len].view(batch + 2, channels, keep_len)
     whole = x if head is None else torch.cat([head, x], -1)
     live = min(live, batch)
@@ -590,7 +592,7 @@ def test_triton_split_writes_the_kept_state_to_each_rows_slot(
     with live_rows(torch.tensor([live])):
         ours = tc.split_f16(x, 0, 0, None, head, keep=(pool, slots))
         plain = tc.split_f16(x, 0, 0, None, head)
-    assert torch.equal(pool.base.view(batch + 2, -1), want)
+    assert torch.equal(flat, want)
     for mine, theirs in zip(ours, plain, strict=True):
         assert torch.equal(mine[:live], theirs[:live])
 
