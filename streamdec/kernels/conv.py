@@ -356,11 +356,15 @@ def interleave_phases(y: Tensor, phases: int) -> Tensor:
     return y.view(batch, phases, per_phase, length).permute(0, 2, 3, 1).reshape(batch, per_phase, -1)
 
 
-@conv1d_split_f16.register_fake
-def _(*args: Any, **kwargs: Any) -> Tensor:
-    a = _F16Args(*args, **kwargs)
+def _f16_empty(a: _F16Args) -> Tensor:
+    """An uninitialised output of the float16 op's shape for ``a`` (its fake implementations)."""
     kept = 0 if a.head is None else a.head.shape[2]
     return a.x.new_empty(_f16_out_shape(a.x, a.w_hi, a.dilation, a.pad_left, a.pad_right, a.phases, kept))
+
+
+@conv1d_split_f16.register_fake
+def _(*args: Any, **kwargs: Any) -> Tensor:
+    return _f16_empty(_F16Args(*args, **kwargs))
 
 
 @conv1d_split_f16.register_kernel("cuda")
@@ -405,9 +409,7 @@ def conv1d_split_f16_keep(
 
 @conv1d_split_f16_keep.register_fake
 def _(keep: Tensor, keep_slots: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    a = _F16Args(*args, **kwargs)
-    kept = 0 if a.head is None else a.head.shape[2]
-    return a.x.new_empty(_f16_out_shape(a.x, a.w_hi, a.dilation, a.pad_left, a.pad_right, a.phases, kept))
+    return _f16_empty(_F16Args(*args, **kwargs))
 
 
 @conv1d_split_f16_keep.register_kernel("cuda")
