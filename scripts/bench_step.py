@@ -10,12 +10,15 @@ process of its own (same commit, same GPU, one after the other), and the JSON ho
 
 ``--against DIR`` also times the packed steps of another checkout of the package (``git worktree add DIR
 COMMIT``, or an unpacked ``git archive``), imported from ``DIR`` in a child of its own, in the same run:
-what a change did to a step's cost. ``--modes`` picks the switch settings of this checkout to time.
+what a change did to a step's cost. ``--modes`` picks the switch settings of this checkout to time
+(``no-dependent-launch``: packed, every kernel launched after the one before has finished). Each step's
+output after its last timed replay is digested, so the JSON also says whether two runs gave the same bits.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -27,7 +30,12 @@ import torch
 
 from streamdec.bench.meta import ResultFile, script_header
 
-_MODES = {"packed": "1", "one-row": "0"}
+# switch settings of this checkout a run may time, each in a child process (the switches are read at import)
+_MODES = {
+    "packed": {"STREAMDEC_PACK_SHORT_ROWS": "1"},
+    "one-row": {"STREAMDEC_PACK_SHORT_ROWS": "0"},
+    "no-dependent-launch": {"STREAMDEC_PACK_SHORT_ROWS": "1", "STREAMDEC_DEPENDENT_LAUNCH": "0"},
+}
 
 
 def parse_bucket(text: str) -> tuple[int, int]:
@@ -71,6 +79,16 @@ def capture_graph(fn: Any, *args: Any) -> Any:
     return capture(fn, *args)[0].replay
 
 
+def _digest(audio: torch.Tensor) -> dict[str, Any]:
+    """What the last replay left in a step's output: a digest of its bits (equal across runs, modes and
+    checkouts that compute the same function in the same replays) and how much of it is finite."""
+    bits = audio.detach().contiguous().view(torch.int32).cpu().numpy().tobytes()
+    return {
+        "output_sha256": hashlib.sha256(bits).hexdigest()[:16],
+        "output_finite": float(torch.isfinite(audio).float().mean()),
+    }
+
+
 def measure(
     codec_name: str, buckets: list[tuple[int, int]], whole: tuple[int, int], replays: int, repeats: int
 ) -> dict[str, Any]:
@@ -93,10 +111,12 @@ def measure(
         for batch, frames in buckets:
             index = torch.randperm(slots, device="cuda")[:batch]  # live streams sit anywhere in the pool
             z = torch.randn(batch, frames, codec.latent_dim, device="cuda")
-            ms = time_graph(capture_graph(pool.step, index, z), replays, repeats)
+            graph, audio = capture(pool.step, index, z)
+            ms = time_graph(graph.replay, replays, repeats)
             out["buckets"][f"{batch}x{frames}"] = {
                 "replay_ms": ms,
                 "us_per_frame": 1e3 * ms / (batch * frames),
+                **_digest(audio),
             }
         z = torch.randn(whole[0], whole[1], codec.latent_dim, device="cuda")
         ms = time_graph(capture_graph(static_forward(codec), z), replays, repeats)
@@ -131,7 +151,7 @@ def main() -> None:
         script_header(codec=args.codec, precision="auto", commit=None, timing="CUDA events, captured graphs")
         | {"settings": vars(args), "modes": {}},
     )
-    runs = [(mode, {"STREAMDEC_PACK_SHORT_ROWS": _MODES[mode]}) for mode in args.modes]
+    runs = [(mode, _MODES[mode]) for mode in args.modes]
     if args.against:
         tree = os.path.abspath(args.against)
         path = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)  # its package first
@@ -149,7 +169,10 @@ def main() -> None:
         result.result["modes"][mode] = figures
         result.save()
         for bucket, f in figures["buckets"].items():
-            print(f"{mode:8s} step {bucket:>7s}: {f['replay_ms']:7.2f} ms  {f['us_per_frame']:6.1f} us/frame")
+            print(
+                f"{mode:8s} step {bucket:>7s}: {f['replay_ms']:7.2f} ms  {f['us_per_frame']:6.1f} us/frame  "
+                f"bits {f['output_sha256']} ({f['output_finite']:.0%} finite)"
+            )
         w = figures["whole_clip"]
         print(
             f"{mode:8s} whole {w['shape']:>7s}: {w['replay_ms']:7.2f} ms  {w['us_per_frame']:6.1f} us/frame"

@@ -29,6 +29,7 @@ from streamdec.errors import ConfigError
 
 __all__ = [
     "COMMIT",
+    "DEPENDENT_LAUNCH",
     "NO_COMPILE",
     "NO_FUSED",
     "NO_GRAPHS",
@@ -135,10 +136,17 @@ PACK_SHORT_ROWS = _switch(
 )  # fmt: skip
 PIPELINED_CONV = _switch(
     "STREAMDEC_PIPELINED_CONV", False, "import",
-    "Run the `fp16x3` split convolution as the Gluon kernel that keeps one step's tensor-core products in "
-    "flight while it adds the step before, instead of the Triton kernel that waits for each step. Results "
-    "are bit-identical either way; on an H200 it is slower in all but the packed 64 x 64 launches "
-    "(docs/kernels.md), so it is off by default.",
+    "Run every `fp16x3` split convolution as the Gluon kernel that keeps one step's tensor-core products in "
+    "flight while it adds the step before, instead of the Triton kernel that waits for each step. Off, the "
+    "Gluon kernel runs the packed 64 x 64 launches only, the one launch family where it is faster on an "
+    "H200 (docs/kernels.md). Results are bit-identical either way.",
+)  # fmt: skip
+DEPENDENT_LAUNCH = _switch(
+    "STREAMDEC_DEPENDENT_LAUNCH", True, "import",
+    "Launch the Triton kernels with programmatic dependent launch on GPUs that have it (compute capability "
+    "9.0 and up): a kernel's programs are placed while the kernel before it finishes and wait for it before "
+    "they read anything, so a graph's hundreds of launches leave fewer idle gaps. Results are bit-identical "
+    "either way; the switch exists to measure the difference.",
 )  # fmt: skip
 PARALLEL_COMPILE = _switch(
     "STREAMDEC_PARALLEL_COMPILE", True, "engine",

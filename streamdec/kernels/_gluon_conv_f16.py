@@ -177,15 +177,29 @@ def _refill(
         )  # fmt: skip
 
 
+@gluon.jit
+def _wait_for_inputs(DEPENDENT: gl.constexpr):
+    """:func:`streamdec.kernels._triton_dependent.wait_for_inputs` in Gluon: a programmatic dependent
+    launch's first statement waits for the kernel before, then lets the next one be placed."""
+    if DEPENDENT:
+        gl.inline_asm_elementwise(
+            "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+        gl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+
+
 @gluon.jit(do_not_specialize=_RUNTIME_SIZES)
 def _conv1d_f16x3_gluon_kernel(
     x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr,
-    B, CP, COUT, TIN, TOUT, DIL, CHUNK, NCHUNK, KSIZE, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN,
+    live_ptr, B, CP, COUT, TIN, TOUT, DIL, CHUNK, NCHUNK, KSIZE, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN,
     HAS_RES: gl.constexpr, RES_PARTS: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROWS: gl.constexpr,
-    STAGES: gl.constexpr,
+    STAGES: gl.constexpr, HAS_LIVE: gl.constexpr = False, DEPENDENT: gl.constexpr = False,
 ):  # fmt: skip
     # Arguments as :func:`streamdec.kernels._triton_conv_f16._conv1d_f16x3_kernel`'s (three products only).
+    _wait_for_inputs(DEPENDENT)
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     pid_z = gl.program_id(2)
@@ -197,6 +211,9 @@ def _conv1d_f16x3_gluon_kernel(
         batch = pid_z * ROWS
         first = pid_z * 0
         last = NCHUNK
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= gl.load(live_ptr):  # padding rows only (they come last): nothing to compute
+            return
     m0 = pid_m * BLOCK_M
     n0 = pid_n * (BLOCK_N // ROWS)
     k_blocks = CP // BLOCK_K
@@ -360,6 +377,6 @@ def gluon_descriptor(tensor, shape: list[int], strides: list[int], block: list[i
 
 
 def launch_gluon_conv(grid, descs, pointers, sizes, *, stages: int, warps: int, **constexprs) -> None:
-    """Launch the kernel: ``descs`` the four operand descriptors, ``pointers`` the six tensors, ``sizes``
-    the fourteen integers, in the Triton kernel's order."""
+    """Launch the kernel: ``descs`` the four operand descriptors, ``pointers`` the seven tensors (the live
+    row count last), ``sizes`` the fourteen integers, in the Triton kernel's order."""
     _conv1d_f16x3_gluon_kernel[grid](*descs, *pointers, *sizes, STAGES=stages, num_warps=warps, **constexprs)

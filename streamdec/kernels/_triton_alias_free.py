@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from streamdec.kernels import sizing
+from streamdec.kernels._triton_dependent import dependent_launch, wait_for_inputs
 from streamdec.kernels.conv import keep_tail
 from streamdec.kernels.rows import live_count
 from streamdec.kernels.sizing import pow2_block
@@ -109,6 +110,7 @@ def _af_blocked_kernel(
     x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, R, head_ptr, H, HEAD_BATCH, START, N,
     BLOCK: tl.constexpr, K: tl.constexpr, ROW_LANES: tl.constexpr, WITH_PEAK: tl.constexpr,
     HAS_HEAD: tl.constexpr,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):  # fmt: skip
     # A row is cat(head, x) (H + T samples; H = 0 without a head) and the kernel writes its outputs
     # START .. START + N - 1 as a row of N: a stateful step's activation reads its kept history and new
@@ -119,6 +121,7 @@ def _af_blocked_kernel(
     # lanes masked. Every output is computed by the same arithmetic whatever the packing.
     # One row a program (ROW_LANES == BLOCK, every whole-clip row) keeps the row, its parameters and the
     # peak's atomic scalar: as per-lane vectors they cost a whole-clip decode 4 % for nothing.
+    wait_for_inputs(DEPENDENT)
     lane = tl.arange(0, BLOCK)
     if ROW_LANES == BLOCK:
         row = tl.program_id(0)
@@ -367,6 +370,7 @@ def _af_halo_kernel(
     K: tl.constexpr, WARPS: tl.constexpr, SEG: tl.constexpr, PACKED: tl.constexpr, WITH_PEAK: tl.constexpr,
     HAS_HEAD: tl.constexpr, HAS_LIVE: tl.constexpr = False, KEEP: tl.constexpr = False,
     KEEP_ROWS: tl.constexpr = 1, KEEP_BLOCK: tl.constexpr = 16,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):  # fmt: skip
     # A row is cat(head, x) (H + T samples; H = 0 without a head); the kernel writes its outputs START ..
     # START + N - 1 as a row of N. Programs are per batch row (program_id(1)), so nothing divides by C.
@@ -374,6 +378,7 @@ def _af_halo_kernel(
     # (program_id(2)), each warp a segment, its lane 0 the halo lane. Packed short rows: a segment is one
     # row's SEG lanes (a halo lane, then SEG - 1 lanes of K outputs), 32 // SEG rows to a warp, and a
     # program holds WARPS * (32 // SEG) consecutive channels of one batch row.
+    wait_for_inputs(DEPENDENT)
     lane = tl.arange(0, WARPS * 32)
     ln = lane % 32  # lane in its warp
     j = ln % SEG  # place in the segment; 0: the halo lane
@@ -603,6 +608,7 @@ def launch_blocked(
         SEG=plan.seg, PACKED=plan.packed, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
         HAS_LIVE=live is not None, KEEP=keep is not None, KEEP_ROWS=keep_rows,
         KEEP_BLOCK=pow2_block(pool.shape[-1], 2, 1 << 20) if keep else 16, num_warps=plan.warps,
+        **dependent_launch(x.device),
     )  # fmt: skip
 
 
@@ -619,7 +625,7 @@ def _launch_v3(
         x, out, filt, a, b, out if peak is None else peak, length, a.shape[0], rows,
         x if head is None else head, kept, head_batch, start, count,
         BLOCK=lanes, K=BLOCKED_K, ROW_LANES=row_lanes, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
-        num_warps=lanes // 32,
+        num_warps=lanes // 32, **dependent_launch(x.device),
     )  # fmt: skip
 
 
@@ -642,11 +648,13 @@ def _row_peak_kernel(
     BLOCK: tl.constexpr,
     STEPS: tl.constexpr,
     HAS_LIVE: tl.constexpr = False,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
     """``peak_ptr[b]`` <- the float32 bits of ``max |x[b]|`` over the ``ROW <= STEPS * BLOCK`` contiguous
     samples of batch row ``b`` (``STRIDE`` apart): one program per row, so the result is stored, not
     raised atomically, and needs no zeroed buffer. (A static trip count: a loop to a runtime bound does
     not run under the Triton interpreter.)"""
+    wait_for_inputs(DEPENDENT)
     row = tl.program_id(0)
     if HAS_LIVE:  # noqa: SIM102 (as in the halo kernel)
         if row >= tl.load(live_ptr):
@@ -675,7 +683,7 @@ def row_peaks(x: torch.Tensor) -> torch.Tensor:
         live = live_count()
         _row_peak_kernel[(batch,)](
             x, peak, peak if live is None else live, row, x.stride(0), BLOCK=_PEAK_BLOCK, STEPS=steps,
-            HAS_LIVE=live is not None, num_warps=4,
+            HAS_LIVE=live is not None, num_warps=4, **dependent_launch(x.device),
         )  # fmt: skip
     elif batch:
         peak.zero_()

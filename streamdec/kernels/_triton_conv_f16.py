@@ -39,8 +39,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from streamdec.errors import ShapeError
 from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
+from streamdec.kernels._triton_dependent import dependent_launch, wait_for_inputs
 from streamdec.kernels.conv import check_residual_parts, joined_residual
-from streamdec.kernels.f16_launch import Launch, Tiles, channels_as_n, plan, plan_channels
+from streamdec.kernels.f16_launch import Launch, Tiles, channels_as_n, pipelining_pays, plan, plan_channels
 from streamdec.kernels.rows import live_count
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
@@ -91,7 +92,9 @@ def _conv1d_f16x3_kernel(
     ROWS: tl.constexpr,  # batch rows a program covers: BLOCK_N // ROWS samples of each (short rows packed)
     PRODUCTS: tl.constexpr,  # 3: the split products ("fp16x3"); 1: heads only ("fp16"), tails never read
     HAS_LIVE: tl.constexpr = False,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
+    wait_for_inputs(DEPENDENT)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_z = tl.program_id(2)
@@ -205,11 +208,13 @@ def _conv1d_f16x3_cn_kernel(
     BLOCK_K: tl.constexpr,
     PRODUCTS: tl.constexpr,
     HAS_LIVE: tl.constexpr = False,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
     """The kernel above with the output channels along N (:func:`streamdec.kernels.f16_launch.plan_channels`):
     ``y^T[t, o] = sum x[t, c] w[o, c]`` for a ``BLOCK_T`` x ``BLOCK_O`` tile of one batch row. Each step
     multiplies the same parts in the same order into a fresh accumulator, and the steps and chunks are the
     layer's, so every launch of a layer gives the same bits; the chunks always run in one program."""
+    wait_for_inputs(DEPENDENT)
     pid_t = tl.program_id(0)
     pid_o = tl.program_id(1)
     batch = tl.program_id(2)
@@ -355,8 +360,10 @@ def _chunk_sum_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_LIVE: tl.constexpr = False,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
     """Add the chunk sums in chunk order, from zero, as the one-program path does; then unscale."""
+    wait_for_inputs(DEPENDENT)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     batch = tl.program_id(2)
@@ -405,11 +412,13 @@ def _interleave_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_T: tl.constexpr,
     HAS_LIVE: tl.constexpr = False,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
     """``dst[b, c, t * PHASES + p] = src[b, p * PER_PHASE + c, t]``, tiled over the output so that the
     stores run contiguously; the loads gather from ``PHASES`` rows, each in short contiguous runs. (Written
     by the conv's epilogue instead, at a runtime stride, the interleave made every launch of the conv
     kernel slower, not only the launches that interleave: ``docs/kernels.md``.)"""
+    wait_for_inputs(DEPENDENT)
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     batch = tl.program_id(2)
@@ -439,11 +448,19 @@ def _pow2_from_amax(bits):
 
 @triton.jit(do_not_specialize=["ROW", "STRIDE"])
 def _row_amax_kernel(
-    x_ptr, amax_ptr, live_ptr, ROW, STRIDE, BLOCK: tl.constexpr, HAS_LIVE: tl.constexpr = False
+    x_ptr,
+    amax_ptr,
+    live_ptr,
+    ROW,
+    STRIDE,
+    BLOCK: tl.constexpr,
+    HAS_LIVE: tl.constexpr = False,
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
     """``amax_ptr[b]`` (int32, zeroed) <- the float32 bits of ``max |x[b]|`` over the ``ROW`` contiguous
     samples of batch row ``b`` (rows ``STRIDE`` apart): non-negative floats order as their bits, so an
     integer atomic max is exact and independent of the programs' order."""
+    wait_for_inputs(DEPENDENT)
     row = tl.program_id(1)
     if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
         if row >= tl.load(live_ptr):
@@ -479,11 +496,13 @@ def _split_kernel(
     WRITE_LO: tl.constexpr,  # False for the single-product precision, which reads heads only
     HAS_LIVE: tl.constexpr = False,
     KEEP: tl.constexpr = False,  # also write each row's last KEEP_LEN samples of cat(head, x) to its slot
+    DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
     """:func:`streamdec.kernels.split.split_input_f16` of the zero-padded ``cat(head, x)``, bit for bit, in
     one pass: the padding is written here (zeros split to zeros) and the two parts are read where they
     are, never copied into one padded float32 buffer. With ``KEEP`` it also stores the samples a stateful
     layer keeps for its next step, as it holds them (no pass of their own)."""
+    wait_for_inputs(DEPENDENT)
     pid_t = tl.program_id(0)
     pid_c = tl.program_id(1)
     row = tl.program_id(2)
@@ -572,7 +591,7 @@ def split_f16(
             if row > 0:
                 _row_amax_kernel[(triton.cdiv(row, 4096), batch)](
                     part, amax, live_arg, row, part.stride(0), BLOCK=4096, HAS_LIVE=live is not None,
-                    num_warps=8,
+                    num_warps=8, **dependent_launch(x.device),
                 )  # fmt: skip
     pool, slots = keep if keep is not None else (x, amax)  # never read without KEEP
     grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
@@ -581,7 +600,7 @@ def split_f16(
         head.stride(0) if kept else 0, samples, padded, pad_left, length, pool.stride(0) if keep else 0,
         pool.shape[-1] if keep else 0,
         BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, HAS_LIVE=live is not None, KEEP=keep is not None,
-        num_warps=4,
+        num_warps=4, **dependent_launch(x.device),
     )  # fmt: skip
     return hi, lo, inverse
 
@@ -624,7 +643,7 @@ def conv1d_f16x3(
     ``products=1`` multiplies the heads only (the opt-in ``"fp16"`` precision: ``x_lo`` and ``w_lo``
     are never read, the products accumulate in the tensor cores).
 
-    ``pipelined`` (default :data:`streamdec.kernels.sizing.PIPELINED_CONV`) runs three products through
+    ``pipelined`` (default :func:`streamdec.kernels.f16_launch.pipelining_pays`) runs three products through
     :mod:`streamdec.kernels._gluon_conv_f16`, which keeps a step's products in flight while it adds the
     previous step's: the same bits.
 
@@ -687,25 +706,28 @@ def conv1d_f16x3(
         "HAS_BIAS": bias is not None, "SPLIT": launch.split, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
         "BLOCK_K": launch.block_k, "ROWS": launch.rows,
     }  # fmt: skip
-    if products == 3 and (sizing.PIPELINED_CONV if pipelined is None else pipelined):
+    if pipelined is None:  # the interpreter (CPU tensors) runs Triton kernels only
+        pipelined = x_hi.is_cuda and pipelining_pays(launch)
+    if products == 3 and pipelined:
         from streamdec.kernels._gluon_conv_f16 import gluon_descriptor, launch_gluon_conv
 
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, gluon_descriptor)
         launch_gluon_conv(
-            launch.grid, descs, pointers, sizes, stages=launch.stages, warps=launch.warps, **flags
-        )
+            launch.grid, descs, (*pointers, live_arg), sizes, stages=launch.stages, warps=launch.warps,
+            HAS_LIVE=live is not None, **flags, **dependent_launch(y.device),
+        )  # fmt: skip
     else:
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, TensorDescriptor)
         _conv1d_f16x3_kernel[launch.grid](
             *descs, *pointers, live_arg, *sizes, **flags, PRODUCTS=products, HAS_LIVE=live is not None,
-            num_warps=launch.warps, num_stages=launch.stages,
+            num_warps=launch.warps, num_stages=launch.stages, **dependent_launch(y.device),
         )  # fmt: skip
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](
             out, x_inv, w_inv, bias_arg, res_arg, tail_arg, y, live_arg, batch * cout * tout, cout, tout,
             launch.chunks, *res_sizes, HAS_RES=residual is not None or residual_head is not None,
             RES_PARTS=residual_head is not None, HAS_BIAS=bias is not None, BLOCK_M=32, BLOCK_N=128,
-            HAS_LIVE=live is not None, num_warps=4,
+            HAS_LIVE=live is not None, num_warps=4, **dependent_launch(y.device),
         )  # fmt: skip
     return y
 
@@ -744,6 +766,7 @@ def _conv_channels_n(
         HAS_RES=residual is not None or residual_head is not None, RES_PARTS=residual_head is not None,
         HAS_BIAS=bias is not None, BLOCK_T=launch.block_t, BLOCK_O=launch.block_o, BLOCK_K=launch.block_k,
         PRODUCTS=products, HAS_LIVE=live is not None, num_warps=launch.warps, num_stages=launch.stages,
+        **dependent_launch(y.device),
     )  # fmt: skip
     return y
 
@@ -801,6 +824,6 @@ def interleave(y: torch.Tensor, phases: int) -> torch.Tensor:
     live = live_count()
     _interleave_kernel[grid](
         y, out, y if live is None else live, channels // phases, length, phases, BLOCK_C=16, BLOCK_T=256,
-        HAS_LIVE=live is not None, num_warps=4,
+        HAS_LIVE=live is not None, num_warps=4, **dependent_launch(y.device),
     )  # fmt: skip
     return out

@@ -7,6 +7,7 @@ from streamdec import settings
 __all__ = [
     "ACTIVATION_LANE_OUTPUTS",
     "ACTIVATION_MIN_LANES",
+    "DEPENDENT_LAUNCH",
     "DOT_MIN_EXTENT",
     "INTERPRETER_SMS",
     "PACK_SHORT_ROWS",
@@ -19,9 +20,12 @@ __all__ = [
 # Whether the float16 convolution and the fused activation pack several short rows into one program
 # (``STREAMDEC_PACK_SHORT_ROWS``). Read once at import: captured graphs trace the launches.
 PACK_SHORT_ROWS = settings.PACK_SHORT_ROWS.value()
-# Whether ``fp16x3`` convolutions run the pipelined Gluon kernel (``STREAMDEC_PIPELINED_CONV``); read once
+# Whether every ``fp16x3`` convolution runs the pipelined Gluon kernel (``STREAMDEC_PIPELINED_CONV``); read once
 # at import, as above.
 PIPELINED_CONV = settings.PIPELINED_CONV.value()
+# Whether the Triton kernels launch as programmatic dependents of the launch before them
+# (``STREAMDEC_DEPENDENT_LAUNCH``; :mod:`streamdec.kernels._triton_dependent`); read once at import, as above.
+DEPENDENT_LAUNCH = settings.DEPENDENT_LAUNCH.value()
 
 # The fused activation: outputs per lane, and the fewest lanes a one-row program has (a warp); rows that
 # need fewer are packed several to a program.

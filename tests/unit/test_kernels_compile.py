@@ -11,17 +11,34 @@ from pathlib import Path
 
 import pytest
 
+_SIZES = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
+          "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
+
+
+def _pointers_and_sizes() -> dict[str, str]:
+    """The Triton convolution kernels' arguments after the four descriptors, in their order."""
+    pointers = ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr")
+    return dict.fromkeys(pointers, "*fp32") | {"live_ptr": "*i64"} | dict.fromkeys(_SIZES, "i32")
+
+
+def _first(ptx: str, *needles: str) -> int:
+    """Where in ``ptx`` the first of ``needles`` is (its length if none is)."""
+    found = [i for i in (ptx.find(n) for n in needles) if i >= 0]
+    return min(found, default=len(ptx))
+
 
 @pytest.mark.parametrize(
-    ("rows", "block_n", "products", "split", "residual"),
-    [(1, 128, 3, False, True), (16, 128, 3, True, False), (1, 64, 1, False, False), (8, 64, 1, True, True)],
-)
+    ("rows", "block_n", "products", "split", "residual", "dependent"),
+    [(1, 128, 3, False, True, False), (16, 128, 3, True, False, True), (1, 64, 1, False, False, False),
+     (8, 64, 1, True, True, True)],
+)  # fmt: skip
 def test_float16_conv_kernel_compiles_for_sm90(
     rows: int,
     block_n: int,
     products: int,
     split: bool,
     residual: bool,
+    dependent: bool,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -39,26 +56,27 @@ def test_float16_conv_kernel_compiles_for_sm90(
     )
     signature = {"x_hi_desc": x, "x_lo_desc": x, "w_hi_desc": "tensordesc<fp16[128, 64]>"}
     signature["w_lo_desc"] = signature["w_hi_desc"]
-    signature |= dict.fromkeys(
-        ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr"), "*fp32"
-    )
-    sizes = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
-             "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
-    signature |= dict.fromkeys(sizes, "i32")
+    signature |= _pointers_and_sizes()
     constants = {
         "HAS_RES": residual, "RES_PARTS": False, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": 128, "BLOCK_N": block_n,
-        "BLOCK_K": 64, "ROWS": rows, "PRODUCTS": products,
+        "BLOCK_K": 64, "ROWS": rows, "PRODUCTS": products, "HAS_LIVE": True, "DEPENDENT": dependent,
     }  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     names = list(signature)
     constexprs = {(names.index(name),): value for name, value in constants.items()}
 
     source = ASTSource(_conv1d_f16x3_kernel, signature, constexprs)
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}
-    )
+    options = {"num_warps": 8, "num_stages": 3, "launch_pdl": dependent}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
-    assert "wgmma" in compiled.asm["ptx"]  # the Hopper tensor-core path, not a fallback
+    ptx = compiled.asm["ptx"]
+    assert "wgmma" in ptx  # the Hopper tensor-core path, not a fallback
+    if dependent:  # waits for the kernel before it ahead of any read, then lets the next one be placed
+        wait = ptx.find("griddepcontrol.wait")
+        assert 0 <= wait < _first(ptx, "ld.global", "cp.async.bulk.tensor") < len(ptx)
+        assert ptx.find("griddepcontrol.launch_dependents") > wait
+    else:
+        assert "griddepcontrol" not in ptx
 
 
 @pytest.mark.parametrize(
@@ -89,24 +107,25 @@ def test_pipelined_conv_kernel_compiles_for_sm90(
     x = desc([block_n, block_k] if rows == 1 else [rows, block_n // rows, block_k])
     signature = {"x_hi_desc": x, "x_lo_desc": x, "w_hi_desc": desc([block_m, block_k])}
     signature["w_lo_desc"] = signature["w_hi_desc"]
-    signature |= dict.fromkeys(
-        ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr"), "*fp32"
-    )
-    sizes = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
-             "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
-    signature |= dict.fromkeys(sizes, "i32")
+    signature |= _pointers_and_sizes()
     constants = {
         "HAS_RES": True, "RES_PARTS": parts, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": block_m,
-        "BLOCK_N": block_n, "BLOCK_K": block_k, "ROWS": rows, "STAGES": 3,
+        "BLOCK_N": block_n, "BLOCK_K": block_k, "ROWS": rows, "STAGES": 3, "HAS_LIVE": rows > 1,
+        "DEPENDENT": parts,
     }  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     names = list(signature)
     constexprs = {(names.index(name),): value for name, value in constants.items()}
 
     source = GluonASTSource(_conv1d_f16x3_gluon_kernel, signature, constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = {"num_warps": warps, "launch_pdl": parts}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
     ptx = compiled.asm["ptx"]
+    if parts:  # as a programmatic dependent: the wait comes before any read
+        assert (
+            0 <= ptx.find("griddepcontrol.wait") < _first(ptx, "ld.global", "cp.async.bulk.tensor") < len(ptx)
+        )
     assert "wgmma.wait_group.sync.aligned 3;" in ptx  # a step's three groups stay in flight
     assert "wgmma.mma_async" in ptx
 
@@ -131,15 +150,10 @@ def test_channels_as_n_kernel_compiles_for_sm90(
     x = f"tensordesc<fp16[{launch.block_t}, {launch.block_k}]>"
     w = f"tensordesc<fp16[{launch.block_o}, {launch.block_k}]>"
     signature = {"x_hi_desc": x, "x_lo_desc": x, "w_hi_desc": w, "w_lo_desc": w}
-    signature |= dict.fromkeys(
-        ("x_inv_ptr", "w_inv_ptr", "bias_ptr", "res_ptr", "tail_ptr", "out_ptr"), "*fp32"
-    )
-    sizes = ("B", "CP", "COUT", "TIN", "TOUT", "DIL", "CHUNK", "NCHUNK", "KSIZE", "RES_ROW", "RES_CHAN", "RES_LEN",
-             "TAIL_ROW", "TAIL_CHAN")  # fmt: skip
-    signature |= dict.fromkeys(sizes, "i32")
+    signature |= _pointers_and_sizes()
     constants = {
         "HAS_RES": True, "RES_PARTS": True, "HAS_BIAS": True, "BLOCK_T": launch.block_t, "BLOCK_O": launch.block_o,
-        "BLOCK_K": launch.block_k, "PRODUCTS": 3,
+        "BLOCK_K": launch.block_k, "PRODUCTS": 3, "HAS_LIVE": True,
     }  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     names = list(signature)
