@@ -136,10 +136,10 @@ PACK_SHORT_ROWS = _switch(
 )  # fmt: skip
 PIPELINED_CONV = _switch(
     "STREAMDEC_PIPELINED_CONV", False, "import",
-    "Run every `fp16x3` split convolution as the Gluon kernel that keeps one step's tensor-core products in "
-    "flight while it adds the step before, instead of the Triton kernel that waits for each step. Off, the "
-    "Gluon kernel runs the packed 64 x 64 launches only, the one launch family where it is faster on an "
-    "H200 (docs/kernels.md). Results are bit-identical either way.",
+    "Run the `fp16x3` split convolution as the Gluon kernel that keeps one step's tensor-core products in "
+    "flight while it adds the step before, instead of the Triton kernel that waits for each step. Results "
+    "are bit-identical either way; on an H200 it is not faster in a step (docs/kernels.md), so it is off by "
+    "default.",
 )  # fmt: skip
 DEPENDENT_LAUNCH = _switch(
     "STREAMDEC_DEPENDENT_LAUNCH", True, "import",

@@ -41,7 +41,7 @@ from streamdec.kernels import sizing
 from streamdec.kernels._triton_conv import launch_sms
 from streamdec.kernels._triton_dependent import dependent_launch, wait_for_inputs
 from streamdec.kernels.conv import check_residual_parts, joined_residual
-from streamdec.kernels.f16_launch import Launch, Tiles, channels_as_n, pipelining_pays, plan, plan_channels
+from streamdec.kernels.f16_launch import Launch, Tiles, channels_as_n, plan, plan_channels
 from streamdec.kernels.rows import live_count
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM
 
@@ -643,7 +643,7 @@ def conv1d_f16x3(
     ``products=1`` multiplies the heads only (the opt-in ``"fp16"`` precision: ``x_lo`` and ``w_lo``
     are never read, the products accumulate in the tensor cores).
 
-    ``pipelined`` (default :func:`streamdec.kernels.f16_launch.pipelining_pays`) runs three products through
+    ``pipelined`` (default :data:`streamdec.kernels.sizing.PIPELINED_CONV`) runs three products through
     :mod:`streamdec.kernels._gluon_conv_f16`, which keeps a step's products in flight while it adds the
     previous step's: the same bits.
 
@@ -706,9 +706,7 @@ def conv1d_f16x3(
         "HAS_BIAS": bias is not None, "SPLIT": launch.split, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
         "BLOCK_K": launch.block_k, "ROWS": launch.rows,
     }  # fmt: skip
-    if pipelined is None:  # the interpreter (CPU tensors) runs Triton kernels only
-        pipelined = x_hi.is_cuda and pipelining_pays(launch)
-    if products == 3 and pipelined:
+    if products == 3 and (sizing.PIPELINED_CONV if pipelined is None else pipelined):
         from streamdec.kernels._gluon_conv_f16 import gluon_descriptor, launch_gluon_conv
 
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, gluon_descriptor)

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from streamdec.kernels import sizing
 from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
 
 __all__ = [
     "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_ROW_N", "SMALL", "ChannelsLaunch", "Launch", "Tiles", "block_k",
-    "channels_as_n", "chunking", "default_tiles", "pipelining_pays", "plan", "plan_channels",
+    "channels_as_n", "chunking", "default_tiles", "plan", "plan_channels",
 ]  # fmt: skip
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
@@ -195,16 +194,6 @@ def plan(
     split = split and chunks > 1
     grid = (tiles_n, tiles_m, groups * (chunks if split else 1))
     return Launch(block_m, block_n, bk, warps, t.stages, per, chunks, split, grid, rows)
-
-
-def pipelining_pays(launch: Launch) -> bool:
-    """Whether ``launch`` runs the pipelined Gluon kernel (:mod:`streamdec.kernels._gluon_conv_f16`, the same
-    bits): every launch with ``STREAMDEC_PIPELINED_CONV`` on, else packed 64 x 64 tiles only. There the
-    reduction is long and the epilogue light, and keeping a step's products in flight took auk-24k's
-    768-channel layers in a 256 x 4 step from 6.21 to 5.81 ms; in every other launch family the Gluon
-    epilogue's spills cost more than the overlap gains (``bench/results/h200/step-convs-variants.json``)."""
-    small = launch.block_m == SMALL.block_m and launch.block_n == SMALL.block_n
-    return sizing.PIPELINED_CONV or (launch.rows > 1 and small)
 
 
 def channels_as_n(cout: int) -> bool:

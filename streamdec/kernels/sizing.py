@@ -20,7 +20,7 @@ __all__ = [
 # Whether the float16 convolution and the fused activation pack several short rows into one program
 # (``STREAMDEC_PACK_SHORT_ROWS``). Read once at import: captured graphs trace the launches.
 PACK_SHORT_ROWS = settings.PACK_SHORT_ROWS.value()
-# Whether every ``fp16x3`` convolution runs the pipelined Gluon kernel (``STREAMDEC_PIPELINED_CONV``); read once
+# Whether ``fp16x3`` convolutions run the pipelined Gluon kernel (``STREAMDEC_PIPELINED_CONV``); read once
 # at import, as above.
 PIPELINED_CONV = settings.PIPELINED_CONV.value()
 # Whether the Triton kernels launch as programmatic dependents of the launch before them

@@ -99,21 +99,6 @@ def test_packed_large_tiles_with_a_mostly_empty_last_wave_give_way_to_small_ones
     assert plan(batch=256, padded_channels=384, cout=384, tout=80, ksize=ksize, sms=132).block_m == 128
 
 
-def test_only_packed_small_tiles_take_the_pipelined_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 768-channel stage of a 256-stream step (packed 64 x 64) takes the Gluon kernel; packed large
-    tiles, whole-clip rows and the small layers' 64 x 128 tiles keep the Triton one, unless the switch
-    asks for the Gluon kernel everywhere."""
-    packed_small = plan(batch=256, padded_channels=768, cout=768, tout=20, ksize=7, sms=132)
-    packed_large = plan(batch=512, padded_channels=768, cout=768, tout=20, ksize=7, sms=132)
-    whole = plan(batch=1, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
-    small_layer = plan(batch=16, padded_channels=192, cout=192, tout=4200, ksize=7, sms=132)
-    assert (whole.block_m, whole.block_n, whole.rows) == (64, 64, 1)
-    choices = [f16_launch.pipelining_pays(p) for p in (packed_small, packed_large, whole, small_layer)]
-    assert choices == [True, False, False, False]
-    monkeypatch.setattr(f16_launch.sizing, "PIPELINED_CONV", True)
-    assert all(f16_launch.pipelining_pays(p) for p in (packed_small, packed_large, whole, small_layer))
-
-
 def test_auk_first_stage_runs_its_chunks_as_programs_when_that_fills_the_waves() -> None:
     """768 channels, 11 taps (3 chunks), 350 samples. Batch 1 fills 72 of 132 SMs with small tiles, so
     its chunks run as separate programs. Batch 16 fills the GPU with large tiles, but 288 of them are 2.2
