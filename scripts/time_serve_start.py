@@ -57,7 +57,9 @@ def main() -> None:
         spy.send_signal(signal.SIGINT)  # py-spy writes its profile when interrupted
         spy.wait(timeout=60)
     lines.append(
-        f"start-up (process start to serving): {ready:.1f} s" if ready is not None else "start-up: never served"
+        f"start-up (process start to serving): {ready:.1f} s"
+        if ready is not None
+        else "start-up: never served"
     )
     proc.send_signal(signal.SIGINT)
     try:
