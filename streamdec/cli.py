@@ -15,13 +15,16 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
 from ._version import __version__
 from .cli_errors import UsageError, check_output_path, describe
 from .errors import StreamdecError
+
+if TYPE_CHECKING:
+    from .codecs.base import Codec
 
 __all__ = ["add_codec_arguments", "check_device", "check_latent_shape", "load_latent_file", "main"]
 
@@ -163,10 +166,27 @@ def run_info(args: argparse.Namespace) -> int:
         ("channels", codec.channels),
         ("context", f"left={left} right={right} frames (halo {left + right})"),
         ("window sizes", default_window_sizes(left, right, 4, 64)),
+        ("stream state", _stream_state(codec)),
     ]
     for key, value in rows:
         print(f"{key:>13}: {value}")
     return 0
+
+
+def _stream_state(codec: Codec) -> str:
+    """What one stateful stream keeps on the device, and what a server's slots for 512 take."""
+    from .codecs.precision import PRECISIONS
+    from .codecs.stateful import StatefulNet, supports_stateful
+
+    if not supports_stateful(codec):
+        return "none: this decoder streams in halo windows only"
+    dtype = next(codec.parameters()).dtype
+    per_stream = StatefulNet(codec).state_bytes(dtype)
+    size = f"{per_stream / 1e6:.2f} MB" if per_stream >= 1e6 else f"{per_stream / 1e3:.1f} kB"
+    # State is kept in the codec's dtype: the split precisions change how a float32 conv multiplies, not
+    # what a layer stores.
+    held = f"float32 at every precision ({', '.join(PRECISIONS)})" if dtype == torch.float32 else str(dtype)[6:]
+    return f"{size} a stream in {held}; {512 * per_stream / 2**30:.2f} GiB for 512 streams"
 
 
 # -- decode ----------------------------------------------------------------------------------------

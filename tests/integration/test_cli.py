@@ -25,6 +25,21 @@ def test_info_prints_geometry_and_context(tmp_path: Path) -> None:
     assert "context: left=52 right=7" in result.stdout
 
 
+def test_info_prints_the_state_a_stateful_stream_keeps(tmp_path: Path) -> None:
+    """`streamdec info` states one stream's device state, the same at every precision, and 512 streams' worth."""
+    from streamdec.codecs.registry import build_preset
+    from streamdec.codecs.stateful import StatefulNet
+
+    per_stream = StatefulNet(build_preset("tiny")).state_bytes()
+    result = _run("info", "--codec", "tiny", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    line = next(row for row in result.stdout.splitlines() if "stream state:" in row)
+    assert f"{per_stream / 1e3:.1f} kB a stream in float32 at every precision (fp32, tf32x3, fp16x3" in line
+    assert f"{512 * per_stream / 2**30:.2f} GiB for 512 streams" in line
+    half = _run("info", "--codec", "tiny", "--dtype", "float16", cwd=tmp_path)
+    assert f"{per_stream / 2e3:.1f} kB a stream in float16;" in half.stdout, half.stderr
+
+
 def test_decode_writes_wav_of_exact_length(tmp_path: Path) -> None:
     """`streamdec decode` turns a .npy latent file into a WAV of frames * hop samples."""
     np.save(tmp_path / "clip.npy", np.random.default_rng(0).standard_normal((90, 64)).astype(np.float32))

@@ -129,3 +129,11 @@ def test_adapter_cannot_be_rebuilt_from_config() -> None:
     assert codec.measured is None and codec.context_frames() == (3, 3)
     with pytest.raises(CodecError, match="own weights"):
         codec.init_random(0)
+
+
+def test_info_says_a_wrapped_module_keeps_no_stream_state() -> None:
+    """A bring-your-own decoder streams in halo windows only: `streamdec info` says so instead of a size."""
+    from streamdec.cli import _stream_state
+
+    codec = ModuleCodec(ToyDecoder(), latent_dim=4, hop_size=HOP, sample_rate=16000)
+    assert _stream_state(codec) == "none: this decoder streams in halo windows only"
