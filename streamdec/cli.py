@@ -185,9 +185,8 @@ def _stream_state(codec: Codec) -> str:
     size = f"{per_stream / 1e6:.2f} MB" if per_stream >= 1e6 else f"{per_stream / 1e3:.1f} kB"
     # State is kept in the codec's dtype: the split precisions change how a float32 conv multiplies, not
     # what a layer stores.
-    held = (
-        f"float32 at every precision ({', '.join(PRECISIONS)})" if dtype == torch.float32 else str(dtype)[6:]
-    )
+    name = str(dtype).removeprefix("torch.")
+    held = f"{name} at every precision ({', '.join(PRECISIONS)})" if dtype == torch.float32 else name
     return f"{size} a stream in {held}; {512 * per_stream / 2**30:.2f} GiB for 512 streams"
 
 
