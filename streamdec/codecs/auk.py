@@ -22,6 +22,7 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor, nn
 
+from streamdec.codecs._random import fill_normal
 from streamdec.codecs.base import ConfiguredCodec
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, hull, residual, through
@@ -183,7 +184,7 @@ class AuKDecoder(ConfiguredCodec):
         gen = torch.Generator().manual_seed(seed)
 
         def normal(t: Tensor, std: float, mean: float = 0.0) -> None:
-            t.copy_(torch.randn(t.shape, generator=gen) * std + mean)
+            fill_normal(t, gen, std, mean)
 
         def conv(m: nn.Conv1d | nn.ConvTranspose1d, gain: float, transposed: bool = False) -> None:
             w = m.weight  # Conv1d [out, in, k]; ConvTranspose1d [in, out, k], k/stride taps per output

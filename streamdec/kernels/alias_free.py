@@ -27,7 +27,7 @@ from torch import Tensor
 
 from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
-from streamdec.kernels.availability import HAS_TRITON
+from streamdec.kernels.availability import HAS_TRITON, direct_cuda_call
 from streamdec.kernels.conv import check_keep, keep_pair, keep_tail
 
 __all__ = [
@@ -81,7 +81,7 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
 
 
 @alias_free_activation.register_kernel("cuda")
-def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+def _activation_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
     return _run_cuda(x, filt, alpha_exp, beta_inv, peak=None)
 
 
@@ -121,7 +121,9 @@ def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Ten
 
 
 @alias_free_activation_peak.register_kernel("cuda")
-def _(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Tensor, Tensor]:
+def _activation_peak_cuda(
+    x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor
+) -> tuple[Tensor, Tensor]:
     peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
     return _run_cuda(x, filt, alpha_exp, beta_inv, peak=peak), peak
 
@@ -186,7 +188,7 @@ def _(
 
 
 @alias_free_activation_window.register_kernel("cuda")
-def _(
+def _window_cuda(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
     keep: Tensor | None, keep_slots: Tensor | None,
 ) -> Tensor:  # fmt: skip
@@ -251,7 +253,7 @@ def _(
 
 
 @alias_free_activation_window_peak.register_kernel("cuda")
-def _(
+def _window_peak_cuda(
     head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
     before: Tensor | None, keep: Tensor | None, keep_slots: Tensor | None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -310,3 +312,55 @@ def polyphase_reference(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Te
     s = s + b * torch.sin(a * s).pow(2)
     s = F.pad(s.view(batch * channels, 1, 2 * length), (TAPS - 1, 0), mode="replicate")
     return F.conv1d(s, f.view(1, 1, TAPS), stride=2).view(batch, channels, length)
+
+
+# -- what layers call: the op, or its CUDA implementation straight away in eager code ----------------------
+# (the same function the dispatcher would run, without its Python layers: see direct_cuda_call)
+
+
+def activation(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> Tensor:
+    """:func:`alias_free_activation`."""
+    out: Tensor = (
+        _activation_cuda(x, filt, alpha_exp, beta_inv)
+        if direct_cuda_call(x)
+        else torch.ops.streamdec.alias_free_activation(x, filt, alpha_exp, beta_inv)
+    )
+    return out
+
+
+def activation_peak(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`alias_free_activation_peak`."""
+    pair: tuple[Tensor, Tensor] = (
+        _activation_peak_cuda(x, filt, alpha_exp, beta_inv)
+        if direct_cuda_call(x)
+        else torch.ops.streamdec.alias_free_activation_peak(x, filt, alpha_exp, beta_inv)
+    )
+    return pair
+
+
+def activation_window(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    keep: Tensor | None, keep_slots: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """:func:`alias_free_activation_window`."""
+    args = (head, x, filt, alpha_exp, beta_inv, start, length, keep, keep_slots)
+    out: Tensor = (
+        _window_cuda(*args)
+        if direct_cuda_call(x)
+        else torch.ops.streamdec.alias_free_activation_window(*args)
+    )
+    return out
+
+
+def activation_window_peak(
+    head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int, length: int,
+    before: Tensor | None, keep: Tensor | None, keep_slots: Tensor | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """:func:`alias_free_activation_window_peak`."""
+    args = (head, x, filt, alpha_exp, beta_inv, start, length, before, keep, keep_slots)
+    pair: tuple[Tensor, Tensor] = (
+        _window_peak_cuda(*args)
+        if direct_cuda_call(x)
+        else torch.ops.streamdec.alias_free_activation_window_peak(*args)
+    )
+    return pair

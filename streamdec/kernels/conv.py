@@ -41,7 +41,7 @@ from torch import Tensor
 
 from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
-from streamdec.kernels.availability import HAS_TRITON
+from streamdec.kernels.availability import HAS_TRITON, direct_cuda_call
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_input_f16, split_tf32
 
 __all__ = [
@@ -115,7 +115,9 @@ def _(x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | Non
 
 
 @conv1d_split_tf32.register_kernel("cuda")
-def _(x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+def _tf32_on_cuda(
+    x_hi: Tensor, x_lo: Tensor, w_hi: Tensor, w_lo: Tensor, bias: Tensor | None, dilation: int
+) -> Tensor:
     _check(x_hi, x_lo, w_hi, w_lo, bias, dilation)
     from streamdec.kernels import _triton_conv as tc  # Triton is imported only here
 
@@ -129,7 +131,10 @@ def split_conv1d(x: Tensor, packed: Tensor, bias: Tensor | None, dilation: int, 
     if x.dtype != torch.float32:
         raise DTypeError(f"split_conv1d needs a float32 x, got {x.dtype}; use .float()")
     x_hi, x_lo = split_tf32(x)
-    out: Tensor = torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, packed[0], packed[1], bias, dilation)
+    if direct_cuda_call(x):  # what the dispatcher would run, without its layers (see direct_cuda_call)
+        out = _tf32_on_cuda(x_hi, x_lo, packed[0], packed[1], bias, dilation)
+    else:
+        out = torch.ops.streamdec.conv1d_split_tf32(x_hi, x_lo, packed[0], packed[1], bias, dilation)
     return interleave_phases(out, phases)
 
 
@@ -414,7 +419,10 @@ def _(keep: Tensor, keep_slots: Tensor, *args: Any, **kwargs: Any) -> Tensor:
 
 @conv1d_split_f16_keep.register_kernel("cuda")
 def _(keep: Tensor, keep_slots: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    a = _F16Args(*args, **kwargs)
+    return _f16_keep_on_cuda(keep, keep_slots, _F16Args(*args, **kwargs))
+
+
+def _f16_keep_on_cuda(keep: Tensor, keep_slots: Tensor, a: _F16Args) -> Tensor:
     check_keep(keep, keep_slots, a.x, 0 if a.head is None else a.head.shape[2], "conv1d_split_f16_keep")
     return _f16_on_cuda(a, (keep, keep_slots))
 
@@ -473,6 +481,9 @@ def split_conv1d_f16(
         x, packed[0], packed[1], inverse, bias, dilation, pads[0], pads[1], residual, peak, phases, head, products,
         residual_head,
     )  # fmt: skip
+    if direct_cuda_call(x):  # what the dispatcher would run, without its layers (see direct_cuda_call)
+        a = _F16Args(*args)
+        return _f16_on_cuda(a, None) if keep is None else _f16_keep_on_cuda(*keep, a)
     out: Tensor = (
         torch.ops.streamdec.conv1d_split_f16(*args)
         if keep is None

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs.geometry import Interval, conv_interval, conv_transpose_interval, through
 from streamdec.codecs.layers import routing
+from streamdec.kernels import alias_free
 from streamdec.kernels.conv import keep_tail
 from streamdec.kernels.split import split_input, split_weight
 
@@ -186,20 +187,14 @@ class AliasFreeActivation(nn.Module):
         return self.reference(x)
 
     def _fused(self, x: Tensor) -> Tensor:
-        out: Tensor = torch.ops.streamdec.alias_free_activation(
-            x, self.filter, self.act.alpha_exp, self.act.beta_inv
-        )
-        return out
+        return alias_free.activation(x, self.filter, self.act.alpha_exp, self.act.beta_inv)
 
     def with_peak(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """``(self(x), peak)``: ``peak`` is int32 ``[B]``, the float32 bits of each batch row's largest
         output magnitude, where the causal fused op computes the output (it takes them as it writes);
         None elsewhere."""
         if self.causal and self.use_fused and routing.fused_supported(x):
-            out, peak = torch.ops.streamdec.alias_free_activation_peak(
-                x, self.filter, self.act.alpha_exp, self.act.beta_inv
-            )
-            return out, peak
+            return alias_free.activation_peak(x, self.filter, self.act.alpha_exp, self.act.beta_inv)
         return self(x), None
 
     def window(
@@ -212,10 +207,9 @@ class AliasFreeActivation(nn.Module):
         (the layer's new state; the fused op copies them as it reads them)."""
         pool, slots = keep if keep is not None else (None, None)
         if self._window_fused(x, start, length):
-            out: Tensor = torch.ops.streamdec.alias_free_activation_window(
+            return alias_free.activation_window(
                 head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length, pool, slots
             )
-            return out
         whole: Tensor = self(torch.cat([head, x], dim=-1))
         keep_tail(keep, head, x)
         return whole[..., start : start + length]
@@ -239,7 +233,7 @@ class AliasFreeActivation(nn.Module):
         history); elsewhere None. The window's values are the same either way."""
         if self._window_fused(x, start, length):
             pool, slots = keep if keep is not None else (None, None)
-            out, peak = torch.ops.streamdec.alias_free_activation_window_peak(
+            return alias_free.activation_window_peak(
                 head,
                 x,
                 self.filter,
@@ -251,7 +245,6 @@ class AliasFreeActivation(nn.Module):
                 pool,
                 slots,
             )
-            return out, peak
         return self.window(head, x, start, length, keep), None
 
     def _centred_from_causal(self, x: Tensor) -> Tensor:  # [B, C, T >= 16] -> [B, C, T]
