@@ -154,6 +154,8 @@ class GraphTiers:
         self._capturing = False
         # where the captures' seconds go (the warm-up's note): eager runs, recording, timing replays
         self.capture_seconds = {"eager": 0.0, "capture": 0.0, "timing": 0.0}
+        self._ran: set[tuple[str, int]] = set()  # (kind, frames) of calls run eagerly here at least once
+        self.recorded_straight = 0  # captures that needed no run first (_record_loaded)
 
     # -- lookup ---------------------------------------------------------------------------------------
 
@@ -219,15 +221,16 @@ class GraphTiers:
         ]
         if self.options.parallel_compile:
             notes.extend(self._precompile(todo))
-        before = dict(self.capture_seconds)
+        before, straight = dict(self.capture_seconds), self.recorded_straight
         for key in todo:
             graph = self._warm_one(key, notes)
             if graph is not None:
                 self.buckets[key] = graph
         spent = {name: self.capture_seconds[name] - before[name] for name in before}
         notes.append(
-            f"{len(todo)} captures: {spent['eager']:.1f} s running each shape first, {spent['capture']:.1f} s "
-            f"recording, {spent['timing']:.1f} s timing replays"
+            f"{len(todo)} captures ({self.recorded_straight - straight} without a run first): "
+            f"{spent['eager']:.1f} s running shapes first, {spent['capture']:.1f} s recording, "
+            f"{spent['timing']:.1f} s timing replays"
         )
         return notes
 
@@ -360,22 +363,26 @@ class GraphTiers:
             static_in = self.random_input(key)  # random, never zeros: a bad capture must show in the output
             if tier == "compiled":
                 self._mark_dynamic(static_in)
-            # Lazy init, Triton's compiles and cuDNN's heuristics happen here, outside the capture; a
-            # compiled function runs twice, since its first call may recompile for the marked dimensions.
             began = time.perf_counter()
-            for _ in range(2 if tier == "compiled" else 1):
-                fn(static_in)
-            self.stream.synchronize()
-            recording = time.perf_counter()
-            graph = torch.cuda.CUDAGraph()
-            self._capturing = True
-            try:
-                with torch.cuda.graph(
-                    graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"
-                ):
-                    static_out = fn(static_in)
-            finally:
-                self._capturing = False
+            call_shape = (key.kind, key.frames)
+            recorded = (
+                self._record_loaded(fn, static_in, pool) if tier == "graph" and call_shape in self._ran else None
+            )
+            if recorded is not None:
+                graph, static_out = recorded
+                self.recorded_straight += 1
+                recording = began
+            else:
+                # Lazy init, Triton's compiles and cuDNN's heuristics happen here, outside the capture; a
+                # compiled function runs twice, since its first call may recompile for the marked dimensions.
+                self.capture_seconds["capture"] += time.perf_counter() - began  # a dropped recording's
+                began = time.perf_counter()
+                for _ in range(2 if tier == "compiled" else 1):
+                    fn(static_in)
+                self.stream.synchronize()
+                self._ran.add(call_shape)
+                recording = time.perf_counter()
+                graph, static_out = self._record(fn, static_in, pool)
             captured = CapturedGraph(key, tier, graph, static_in, static_out, generation, None, static_slots)
             timing = time.perf_counter()
             captured.replay_ms = self._time_replay(captured)
@@ -391,6 +398,47 @@ class GraphTiers:
         ):
             self.capture_seconds[name] += seconds
         return captured
+
+    def _record(self, fn: Forward, static_in: Tensor, pool: Any) -> tuple[torch.cuda.CUDAGraph, Any]:
+        """Capture one call of ``fn`` on ``static_in`` into a graph drawing on ``pool``."""
+        assert self.stream is not None
+        graph = torch.cuda.CUDAGraph()
+        self._capturing = True
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
+                static_out = fn(static_in)
+        finally:
+            self._capturing = False
+        return graph, static_out
+
+    def _record_loaded(
+        self, fn: Forward, static_in: Tensor, pool: Any
+    ) -> tuple[torch.cuda.CUDAGraph, Any] | None:
+        """Capture ``fn`` without running it first, where that records what a run first would have let
+        the capture record; None (nothing captured) where it would not.
+
+        The run first is there for what a first launch does outside the kernel: lazy initialisation of the
+        process and of each torch kernel (done by an earlier run of the same kind and length, which the
+        caller checks), and loading each Triton variant the launch needs into this process. A launch whose
+        variant is not loaded yet is declined, not loaded mid-capture (:func:`precompile.discovering`), and
+        such a recording is dropped: the caller runs the call first, then captures it, as always. Every
+        other recording is the same sequence of launches with the same arguments, so the graph is the one
+        the run-first way would have captured. For a plain graph that skips a whole eager call, most of
+        the warm-up's time on a warm host."""
+        if importlib.util.find_spec("triton") is None:
+            return None
+        from streamdec.kernels import precompile
+
+        try:
+            with precompile.discovering() as missing:
+                graph, static_out = self._record(fn, static_in, pool)
+        except Exception as exc:  # whatever a capture of a call never run can trip on: the usual way
+            log.debug("capture without a run first failed (%s); running it first", exc)
+            return None
+        if missing:
+            graph.reset()
+            return None
+        return graph, static_out
 
     def _time_replay(self, captured: CapturedGraph) -> float:
         assert self.stream is not None
