@@ -228,7 +228,7 @@ class GraphTiers:
                 self.buckets[key] = graph
         spent = {name: self.capture_seconds[name] - before[name] for name in before}
         notes.append(
-            f"{len(todo)} captures ({self.recorded_straight - straight} without a run first): "
+            f"{len(todo)} captures: {self.recorded_straight - straight} without a run first, "
             f"{spent['eager']:.1f} s running shapes first, {spent['capture']:.1f} s recording, "
             f"{spent['timing']:.1f} s timing replays"
         )
