@@ -47,6 +47,7 @@ from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
 from .opus import opus_info
 from .probe import CapacityReport, engine_hold_lead, measure_capacity, probe_margin
+from .probe_cache import KeptVerdict, VerdictStore
 
 if TYPE_CHECKING:
     from streamdec.voice import Voice
@@ -100,6 +101,7 @@ class StreamServer:
             retry_after_ms=self.config.retry_after_ms,
         )
         self.capacity_report: CapacityReport | None = None  # what the warm-up probe measured
+        self.capacity_measured_at: str | None = None  # when, where a start reused a kept verdict
         self.warm = False
         self.shutting_down = False
         self._connections: set[Connection] = set()
@@ -152,15 +154,23 @@ class StreamServer:
         listener's clock. 0 when not even one stream keeps half its listener's prebuffer in hand."""
         decoder = self.decoder
         policy = getattr(decoder, "flush_policy", None) or FlushPolicy()
-        report = await measure_capacity(
-            decoder,
-            latent_dim=self.codec.latent_dim,
-            frame_rate=self.codec.sample_rate / self.codec.hop_size,
-            sample_rate=self.codec.sample_rate,
-            prebuffer=policy.prebuffer_s,
-            margin=probe_margin(decoder.mode, policy.prebuffer_s, policy.margin_s, engine_hold_lead(decoder)),
-            hard_limit=self.admission.hard_limit,
-        )
+        margin = probe_margin(decoder.mode, policy.prebuffer_s, policy.margin_s, engine_hold_lead(decoder))
+        kept = self._kept_verdicts(margin, policy.prebuffer_s)
+        found = kept.load() if kept is not None else None
+        if found is not None:
+            report, self.capacity_measured_at = found
+        else:
+            report = await measure_capacity(
+                decoder,
+                latent_dim=self.codec.latent_dim,
+                frame_rate=self.codec.sample_rate / self.codec.hop_size,
+                sample_rate=self.codec.sample_rate,
+                prebuffer=policy.prebuffer_s,
+                margin=margin,
+                hard_limit=self.admission.hard_limit,
+            )
+            if kept is not None:
+                kept.store_report(report)
         self.capacity_report = report
         if report.capacity == 0:
             log.warning("capacity 0: %s; every start is refused with over_capacity (--max-streams-total N "
@@ -168,6 +178,33 @@ class StreamServer:
         else:
             log.info("capacity: %s", report.summary())
         return report.capacity
+
+    def _kept_verdicts(self, margin: float, prebuffer: float) -> KeptVerdict | None:
+        """The stored probe verdict this start may reuse or must write (:mod:`.probe_cache`): only where
+        every engine runs on CUDA and a directory is configured."""
+        directory = self.config.capacity_cache
+        engines = [getattr(d, "engine", None) for d in getattr(self.decoder, "decoders", [self.decoder])]
+        if (
+            directory is None
+            or not engines
+            or any(getattr(getattr(e, "device", None), "type", None) != "cuda" for e in engines)
+        ):
+            return None
+        decoder = self.decoder
+        facts = {
+            "codec": self.codec.name,
+            "config": decoder.codec.config_dict(),
+            "precision": getattr(decoder.codec, "precision", None),
+            "mode": decoder.mode,
+            "emit": [decoder.min_emit, getattr(decoder, "max_emit", None)],
+            "engines": len(engines),
+            "slots": [getattr(e, "max_streams", None) for e in engines],
+            "hold_lead": [getattr(e, "hold_lead", None) for e in engines],
+            "hard_limit": self.admission.hard_limit,
+            "prebuffer_s": prebuffer,
+            "margin_s": margin,
+        }
+        return KeptVerdict(VerdictStore(directory), facts, engines)
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Shut down as PROTOCOL.md says: ``/healthz`` 503 and no new streams at once; in-flight streams get

@@ -94,6 +94,10 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                              "own; uvloop moves the loop's socket and callback work into C")  # fmt: skip
     parser.add_argument("--inductor-cache", default=os.path.expanduser("~/.cache/streamdec/inductor"),
                         help="CUDA: torch.compile cache, so a second start skips most compiling")  # fmt: skip
+    parser.add_argument("--capacity-cache", default=os.path.expanduser("~/.cache/streamdec/capacity"),
+                        metavar="DIR",
+                        help="CUDA: the capacity probe's verdicts, reused by a start whose code, settings, device "
+                             "and graph replay times match; '' probes at every start")  # fmt: skip
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -113,6 +117,7 @@ def run_serve(args: argparse.Namespace) -> int:
         grace=args.grace,
         send_timeout=args.send_timeout,
         opus_bitrate=args.opus_bitrate,
+        capacity_cache=args.capacity_cache or None,
     )
     anyio.run(_serve, args, config, backend_options=backend_options(args.event_loop))
     return 0
@@ -162,7 +167,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         if report.notes and codec.pad_latent.device.type == "cuda":
             print(f"streamdec: warm-up: {'; '.join(_warmup_highlights(report.notes))}", flush=True)
         if server.capacity_report is not None:
-            print(f"streamdec: capacity probe: {server.capacity_report.summary()}", flush=True)
+            kept = server.capacity_measured_at
+            print(f"streamdec: capacity probe: {server.capacity_report.summary()}"
+                  + (f" (kept from the probe at {kept}: code, settings, device and replays as then)" if kept else ""),
+                  flush=True)  # fmt: skip
         if server.admission.capacity == 0:
             print("streamdec: this engine cannot keep one real-time stream's listener supplied here: every start "
                   "is refused with over_capacity (--max-streams-total N serves N streams at best effort)",
@@ -171,7 +179,8 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
             print(f"streamdec: voice {voice.name!r} speaks a start's text{_phonemes_note()}", flush=True)
         spent = [f"codec and server {loaded - began:.1f} s", f"warm-up {report.seconds:.1f} s"]
         if server.capacity_report is not None:
-            spent.append(f"capacity probe {warmed - loaded - report.seconds:.1f} s")
+            probe = "capacity verdict kept" if server.capacity_measured_at else "capacity probe"
+            spent.append(f"{probe} {warmed - loaded - report.seconds:.1f} s")
         print(f"streamdec: ready {warmed - began:.1f} s after start-up began: {', '.join(spent)}", flush=True)
         print(f"streamdec: event loop {running_loop_name()}", flush=True)
         print(f"streamdec: serving codec {codec.name!r} at ws://{config.host}:{server.port}{STREAM_PATH} "

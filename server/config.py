@@ -29,6 +29,7 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     max_streams_total: int | None = None  # real-time streams admitted on all connections; None: measured
     probe_capacity: bool = True  # measure real-time capacity at warm-up (unless max_streams_total is set)
+    capacity_cache: str | None = None  # CUDA: where probe verdicts are kept between starts (.probe_cache)
     retry_after: float = 1.0  # seconds a refused stream is told to wait (``retry_after_ms``)
     max_connections: int = 64  # one more is told "overloaded" and closed with 1013
     max_connections_per_client: int = 16  # per client IP address; one more gets "overloaded" + 1013
