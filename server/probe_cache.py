@@ -102,7 +102,7 @@ class VerdictStore:
             triton_version: str | None = triton.__version__
         except ImportError:  # pragma: no cover - every CUDA host here has Triton
             triton_version = None
-        return {
+        fingerprint = {
             "format": _FORMAT,
             **facts,
             "devices": devices,
@@ -112,6 +112,9 @@ class VerdictStore:
             "triton": triton_version,
             "sources": _sources_digest(),
         }
+        # as a stored verdict reads back: JSON has lists, not tuples, and string keys
+        normal: dict[str, Any] = json.loads(json.dumps(fingerprint, sort_keys=True))
+        return normal
 
     def _path(self, fingerprint: Mapping[str, Any]) -> Path:
         digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:24]

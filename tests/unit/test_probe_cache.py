@@ -31,7 +31,14 @@ class _Engine:
 
 
 REPLAYS = {BucketKey(64, 4, "step"): 12.0, BucketKey(16, 4, "step"): 4.0, BucketKey(64, 12, "prime"): 20.0}
-FACTS: dict[str, Any] = {"codec": "auk-24k", "mode": "stateful", "slots": [64], "margin_s": 0.035}
+# as a server passes them: tuples among them (a codec's config), which a stored verdict reads back as lists
+FACTS: dict[str, Any] = {
+    "codec": "auk-24k",
+    "config": {"channels": (1536, 768)},
+    "mode": "stateful",
+    "slots": (64,),
+    "margin_s": 0.035,
+}
 REPORT = CapacityReport(57.0, 238, (PacedRun(64, 0.068, 0, 0.28),), 0.035, 64)
 
 
