@@ -118,6 +118,13 @@ class _Generation:
     graphs: dict[BucketKey, CapturedGraph] = field(default_factory=dict)
 
 
+def _launch_class(batch: int) -> str:
+    """Which batch sizes launch the same Triton variants, as far as the batch alone decides: Triton
+    specialises an integer argument equal to 1, and one divisible by 16, into a variant of its own. A
+    capture is recorded without a run first only where a call of the same kind, length and class ran."""
+    return "one" if batch == 1 else "x16" if batch % 16 == 0 else "other"
+
+
 class GraphTiers:
     """Owns every graph and pool of one engine (see the module docstring)."""
 
@@ -154,8 +161,10 @@ class GraphTiers:
         self._capturing = False
         # where the captures' seconds go (the warm-up's note): eager runs, recording, timing replays
         self.capture_seconds = {"eager": 0.0, "capture": 0.0, "timing": 0.0}
-        self._ran: set[tuple[str, int]] = set()  # (kind, frames) of calls run eagerly here at least once
+        # (kind, frames, _launch_class(batch)) of the calls run eagerly here at least once
+        self._ran: set[tuple[str, int, str]] = set()
         self.recorded_straight = 0  # captures that needed no run first (_record_loaded)
+        self.recordings_dropped = 0  # recordings without a run first that met a variant not yet loaded
 
     # -- lookup ---------------------------------------------------------------------------------------
 
@@ -221,14 +230,19 @@ class GraphTiers:
         ]
         if self.options.parallel_compile:
             notes.extend(self._precompile(todo))
-        before, straight = dict(self.capture_seconds), self.recorded_straight
+        before, straight, dropped = (
+            dict(self.capture_seconds),
+            self.recorded_straight,
+            self.recordings_dropped,
+        )
         for key in todo:
             graph = self._warm_one(key, notes)
             if graph is not None:
                 self.buckets[key] = graph
         spent = {name: self.capture_seconds[name] - before[name] for name in before}
         notes.append(
-            f"{len(todo)} captures: {self.recorded_straight - straight} without a run first, "
+            f"{len(todo)} captures: {self.recorded_straight - straight} without a run first "
+            f"({self.recordings_dropped - dropped} such recordings dropped), "
             f"{spent['eager']:.1f} s running shapes first, {spent['capture']:.1f} s recording, "
             f"{spent['timing']:.1f} s timing replays"
         )
@@ -364,9 +378,11 @@ class GraphTiers:
             if tier == "compiled":
                 self._mark_dynamic(static_in)
             began = time.perf_counter()
-            call_shape = (key.kind, key.frames)
+            call_shape = (key.kind, key.frames, _launch_class(key.batch))
             recorded = (
-                self._record_loaded(fn, static_in, pool) if tier == "graph" and call_shape in self._ran else None
+                self._record_loaded(fn, static_in, pool)
+                if tier == "graph" and call_shape in self._ran
+                else None
             )
             if recorded is not None:
                 graph, static_out = recorded
@@ -437,6 +453,7 @@ class GraphTiers:
             return None
         if missing:
             graph.reset()
+            self.recordings_dropped += 1
             return None
         return graph, static_out
 
