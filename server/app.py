@@ -68,6 +68,12 @@ _WEB_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; char
 SAMPLE_SECONDS, SAMPLE_SEED = 3.0, 0
 
 
+def _clean(report: CapacityReport) -> bool:
+    """Whether a probe's verdict may be kept for later starts: its first paced run passed. One that had to
+    step down (a stall, a busy host) is not carried forward; the next start probes again."""
+    return len(report.runs) == 1 and report.capacity > 0 and report.capacity == report.runs[0].streams
+
+
 class StreamServer:
     """Serves protocol v1 for one :class:`~streamdec.StreamDecoder` (which the caller owns and closes).
 
@@ -169,7 +175,7 @@ class StreamServer:
                 margin=margin,
                 hard_limit=self.admission.hard_limit,
             )
-            if kept is not None:
+            if kept is not None and _clean(report):
                 kept.store_report(report)
         self.capacity_report = report
         if report.capacity == 0:

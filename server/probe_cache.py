@@ -7,7 +7,8 @@ for each captured graph. The first group is the verdict's fingerprint; the last 
 every warm-up anyway (each graph's replay is timed when it is captured). A start whose fingerprint
 matches a stored verdict, and whose replays took what they took when that verdict was measured (in
 total within :data:`REPLAY_TOLERANCE`, and none more than :data:`REPLAY_SLOWEST` longer), takes that
-verdict instead of probing again; any other start probes and stores what it found. A device shared with
+verdict instead of probing again; any other start probes and stores what it found, where its first paced
+run passed (the server's rule: a verdict that had to step down is not carried forward). A device shared with
 another process since, a driver or clock change, a new commit: each shows in one of the two and makes
 the start probe.
 

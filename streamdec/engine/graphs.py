@@ -118,13 +118,6 @@ class _Generation:
     graphs: dict[BucketKey, CapturedGraph] = field(default_factory=dict)
 
 
-def _launch_class(batch: int) -> str:
-    """Which batch sizes launch the same Triton variants, as far as the batch alone decides: Triton
-    specialises an integer argument equal to 1, and one divisible by 16, into a variant of its own. A
-    capture is recorded without a run first only where a call of the same kind, length and class ran."""
-    return "one" if batch == 1 else "x16" if batch % 16 == 0 else "other"
-
-
 class GraphTiers:
     """Owns every graph and pool of one engine (see the module docstring)."""
 
@@ -161,8 +154,7 @@ class GraphTiers:
         self._capturing = False
         # where the captures' seconds go (the warm-up's note): eager runs, recording, timing replays
         self.capture_seconds = {"eager": 0.0, "capture": 0.0, "timing": 0.0}
-        # (kind, frames, _launch_class(batch)) of the calls run eagerly here at least once
-        self._ran: set[tuple[str, int, str]] = set()
+        self._ran: set[tuple[str, int]] = set()  # (kind, frames) of calls run eagerly here at least once
         self.recorded_straight = 0  # captures that needed no run first (_record_loaded)
         self.recordings_dropped = 0  # recordings without a run first that met a variant not yet loaded
 
@@ -378,7 +370,7 @@ class GraphTiers:
             if tier == "compiled":
                 self._mark_dynamic(static_in)
             began = time.perf_counter()
-            call_shape = (key.kind, key.frames, _launch_class(key.batch))
+            call_shape = (key.kind, key.frames)
             recorded = (
                 self._record_loaded(fn, static_in, pool)
                 if tier == "graph" and call_shape in self._ran

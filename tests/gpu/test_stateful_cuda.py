@@ -94,9 +94,9 @@ def test_plain_step_graph_is_bit_identical_to_eager(auk: Codec) -> None:
 
 
 def test_graphs_recorded_without_a_run_first_replay_the_eager_bits(auk: Codec) -> None:
-    """Warm-up captures a bucket without running its call first where a call of its kind, length and
-    launch class already ran here (the 4-row bucket's run loaded what the 2-row one needs): those graphs
-    too replay the eager arithmetic."""
+    """Warm-up captures a bucket without running its call first where a call of its kind and length
+    already ran here (the 4-row bucket's run loaded what the 2-row one needs): those graphs too replay
+    the eager arithmetic."""
     clip = torch.randn(60, 64, generator=torch.Generator().manual_seed(6))
 
     async def run(graphs: bool) -> tuple[list[torch.Tensor], int]:

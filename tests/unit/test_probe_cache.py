@@ -112,3 +112,14 @@ def test_an_unwritable_directory_only_warns(tmp_path: Path, caplog: pytest.LogCa
         assert kept.store_report(REPORT) is None
     assert "next start probes again" in caplog.text
     assert list(tmp_path.iterdir()) == [blocker]  # no partial file left behind
+
+
+def test_only_a_verdict_whose_first_run_passed_is_kept() -> None:
+    from streamdec.server.app import _clean
+
+    assert _clean(REPORT)
+    stepped_down = CapacityReport(
+        57.0, 238, (PacedRun(64, -0.076, 13, 0.32), PacedRun(32, 0.086, 0, 0.24)), 0.035, 32
+    )
+    assert not _clean(stepped_down)  # a stall or a busy host: the next start probes again
+    assert not _clean(CapacityReport(0.5, 0, (PacedRun(1, -0.2, 3, 0.9),), 0.035, 0))
