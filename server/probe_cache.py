@@ -8,8 +8,8 @@ every warm-up anyway (each graph's replay is timed when it is captured). A start
 matches a stored verdict, and whose replays took what they took when that verdict was measured (in
 total within :data:`REPLAY_TOLERANCE`, and none more than :data:`REPLAY_SLOWEST` longer), takes that
 verdict instead of probing again; any other start probes and stores what it found, where its first paced
-run passed (the server's rule: a verdict that had to step down is not carried forward). A device shared with
-another process since, a driver or clock change, a new commit: each shows in one of the two and makes
+run passed (the server's rule: a verdict that had to step down is not carried forward). A device shared
+with another process since, other clocks, another torch or commit: each shows in one of the two and makes
 the start probe.
 
 Only on CUDA: a CPU engine's capacity depends on what else the host runs, which nothing here can see.
@@ -58,12 +58,6 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def _driver_version() -> int | None:
-    """The CUDA driver's version, where this torch says (a private call: None where it is gone)."""
-    get = getattr(torch._C, "_cuda_getDriverVersion", None)
-    return int(get()) if callable(get) and torch.cuda.is_available() else None
-
-
 def replays_of(engines: list[Any]) -> list[dict[str, float]]:
     """Each engine's measured replay times, ``"kind BATCHxFRAMES"`` -> ms (what the warm-up timed)."""
     return [
@@ -108,7 +102,6 @@ class VerdictStore:
             **facts,
             "devices": devices,
             "cuda": torch.version.cuda,
-            "driver": _driver_version(),
             "torch": torch.__version__,
             "triton": triton_version,
             "sources": _sources_digest(),
