@@ -129,12 +129,12 @@ class _Outbox:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._items: deque[Any] = deque()
+        self.items: deque[Any] = deque()  # read, never changed, from outside
         self._changed: anyio.Event | None = None  # made only while someone waits: most puts wake nobody
         self.closed = False
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.items)
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -147,20 +147,20 @@ class _Outbox:
         await self._changed.wait()
 
     async def put_audio(self, data: bytes) -> None:
-        while len(self._items) >= self.limit and not self.closed:
+        while len(self.items) >= self.limit and not self.closed:
             await self._wait()
         self.put_control(data)
 
     def put_control(self, item: Any) -> None:
         if self.closed:
             raise anyio.ClosedResourceError
-        self._items.append(item)
+        self.items.append(item)
         self._notify()
 
     async def get(self) -> Any:
-        while not self._items:
+        while not self.items:
             await self._wait()
-        item = self._items.popleft()
+        item = self.items.popleft()
         self._notify()
         return item
 
@@ -424,7 +424,7 @@ class Connection:
     def _writable(self, size: int) -> bool:
         return (
             not self._sending
-            and not self.outbox
+            and not self.outbox.items
             and self.ws.protocol.state is State.OPEN
             and not self.ws.transport.is_closing()
             and self._fits(size)
@@ -606,12 +606,13 @@ class Connection:
         if not stream.audio_sent and stream.first_latent_at is not None:
             self.server.metrics.ttfa.observe(time.monotonic() - stream.first_latent_at)
         stream.audio_sent = True
-        self.server.metrics.audio_samples += int(samples.shape[1])
+        n_samples = int(samples.shape[1])  # read once: a tensor's shape is a call into torch
+        self.server.metrics.audio_samples += n_samples
         if stream.opus is not None:
             self._encode(stream, partial(self._send_opus, stream, samples))
             return False  # paused until the encoder's worker thread is done
         # s16 from the tile, which converts its whole device call at once; floats (pcm_f32le) as numpy
-        return self._offer_audio(stream, self.state.audio(stream.id, samples, tile.pcm16))
+        return self._offer_audio(stream, self.state.audio(stream.id, samples, tile.pcm16, n_samples))
 
     def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:
         """``stream`` ended by itself: every tile went out (failure None), or bad input or the engine

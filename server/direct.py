@@ -68,12 +68,19 @@ class DirectMessages(ServerConnection):
     # None: not decided yet; True: frames are split here; False: websockets parses everything
     _splitting: bool | None = None
     _partial: bytes | bytearray = b""  # the start of a frame whose rest has not arrived
+    _limit: int | None = None  # websockets' largest frame (its max_size), read once splitting begins
+    # websockets' queue of received frames (never replaced): while it holds any, later messages queue too
+    _waiting: Any = None
     _fragmented = False  # websockets was fed the start of a fragmented message and not its end
 
     # -- receiving ---------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._splitting is None and self.on_message is not None:
             self._splitting = _parser_between_frames(self)
+            self._limit = _max_message_size(self)
+            self._waiting = getattr(getattr(self.recv_messages, "frames", None), "queue", None)
+            if self._waiting is None:  # another websockets: no queue to look at, so it parses everything
+                self._splitting = False
         if not self._splitting:
             super().data_received(data)
             return
@@ -85,7 +92,8 @@ class DirectMessages(ServerConnection):
         self._partial = b""
         end = len(buf)
         pos = 0
-        limit = _max_message_size(self)
+        limit = self._limit
+        waiting = self._waiting
         while pos < end:
             if self.on_message is None or self.protocol.state is not State.OPEN:
                 self._stop_splitting(buf[pos:])
@@ -109,9 +117,12 @@ class DirectMessages(ServerConnection):
             frame_end = payload_at + size
             if frame_end > end:
                 break
-            if first in (_FIN_BINARY, _FIN_TEXT) and not self._fragmented and not self._queued():
+            if first in (_FIN_BINARY, _FIN_TEXT) and not self._fragmented and not waiting:
                 payload = apply_mask(buf[payload_at:frame_end], buf[pos + head : payload_at])
-                self._hand_over(first == _FIN_TEXT, payload, buf[pos:frame_end])
+                if first == _FIN_BINARY:  # most messages: latents, straight to the handler
+                    self.on_message(payload)
+                else:
+                    self._hand_over_text(payload, buf[pos:frame_end])
             else:
                 self._feed_websockets(first, buf[pos:frame_end])
             pos = frame_end
@@ -123,12 +134,9 @@ class DirectMessages(ServerConnection):
             self._stop_splitting(self._partial)  # a truncated frame: websockets reports it
         super().eof_received()
 
-    def _hand_over(self, text: bool, payload: bytes, frame: bytes | bytearray) -> None:
+    def _hand_over_text(self, payload: bytes, frame: bytes | bytearray) -> None:
         handler = self.on_message
         assert handler is not None
-        if not text:
-            handler(payload)
-            return
         try:
             message = payload.decode()
         except UnicodeDecodeError:

@@ -452,11 +452,14 @@ def encode_audio(
     samples: torch.Tensor | np.ndarray,
     fmt: str,
     s16: Callable[[], bytes] | None = None,
+    n_samples: int | None = None,
 ) -> bytes:
     """An audio message: ``samples`` is float ``[channels, n]`` (a tensor or an array); interleaved on the
     wire in ``fmt``. ``s16``, if given, returns what :func:`~streamdec.io.pcm16` would make of ``samples``
-    (a decoder's tile converts a whole device call at once: :meth:`~streamdec.session.Tile.pcm16`)."""
-    header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, samples.shape[1])
+    (a decoder's tile converts a whole device call at once: :meth:`~streamdec.session.Tile.pcm16`);
+    ``n_samples``, if given, is ``n`` (a caller that read it already saves reading a tensor's shape)."""
+    n = int(samples.shape[1]) if n_samples is None else n_samples
+    header = AUDIO_HEADER.pack(AUDIO_MAGIC, stream, seq, start_sample, n)
     if fmt == "pcm_s16le":
         return header + (s16() if s16 is not None else pcm16(_float_samples(samples)))
     return header + _to_le_bytes(_float_samples(samples).T)
@@ -827,14 +830,22 @@ class ServerState:
             self._streams[stream].accepting = False
 
     def audio(
-        self, stream: int, samples: torch.Tensor | np.ndarray, s16: Callable[[], bytes] | None = None
+        self,
+        stream: int,
+        samples: torch.Tensor | np.ndarray,
+        s16: Callable[[], bytes] | None = None,
+        n_samples: int | None = None,
     ) -> bytes:
         """The next audio message of ``stream`` for float ``samples`` ``[channels, n]`` (a PCM format);
-        ``s16`` as :func:`encode_audio` takes it."""
+        ``s16`` and ``n_samples`` as :func:`encode_audio` takes them."""
         state = self._streams[stream]
-        data = encode_audio(stream, state.audio_seq, state.samples_out, samples, state.start.format, s16)
+        if n_samples is None:
+            n_samples = int(samples.shape[1])
+        data = encode_audio(
+            stream, state.audio_seq, state.samples_out, samples, state.start.format, s16, n_samples
+        )
         state.audio_seq += 1
-        state.samples_out += int(samples.shape[1])
+        state.samples_out += n_samples
         return data
 
     def encoded_audio(self, stream: int, n_samples: int, payload: bytes) -> bytes:

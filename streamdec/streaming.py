@@ -372,22 +372,20 @@ class _StreamCore:
         """The engine's coroutine that decodes ``job`` (not started)."""
         return self.decoder.engine.decode_request(self._request(job))
 
-    def _request(self, job: Job | StepJob) -> WindowRequest | StepRequest:
-        """What the engine is asked to decode for ``job``."""
+    def _request(self, job: Job | StepJob, now: float | None = None) -> WindowRequest | StepRequest:
+        """What the engine is asked to decode for ``job``, submitted at ``now`` (default: the clock's)."""
+        deadline = self.session.deadline(time.monotonic() if now is None else now)
         if isinstance(job, Job):
             window = job.window
             request: WindowRequest | StepRequest = WindowRequest(
-                self.stream_id, job.latents, window.emit_offset, window.emit_frames, self._deadline()
+                self.stream_id, job.latents, window.emit_offset, window.emit_frames, deadline
             )
         elif job.kind == "whole":  # a stream too short to prime: one window of its own length
-            request = WindowRequest(self.stream_id, job.latents, 0, job.emit_frames, self._deadline())
+            request = WindowRequest(self.stream_id, job.latents, 0, job.emit_frames, deadline)
         else:
             assert self.slot is not None
-            request = StepRequest(self.stream_id, self.slot, job.kind, job.latents, self._deadline())
+            request = StepRequest(self.stream_id, self.slot, job.kind, job.latents, deadline)
         return request
-
-    def _deadline(self) -> float:
-        return self.session.deadline(time.monotonic())
 
     def _tile(self, job: Job | StepJob, audio: DecodedAudio, began: float) -> Tile:
         """The checked tile of a finished call; the session learns how long the call took."""
@@ -679,9 +677,10 @@ class PushStream(_StreamCore):
             self.pump()
 
     def _submit(self, job: Job | StepJob) -> None:
-        self._job, self._began = job, time.monotonic()
+        now = time.monotonic()
+        self._job, self._began = job, now
         try:
-            self._call = self.decoder.engine.submit(self._request(job), self._done)
+            self._call = self.decoder.engine.submit(self._request(job, now), self._done)
         except Exception as exc:  # refused at once (a bad request, the engine closed)
             self._job = None
             self._finish(exc)

@@ -153,10 +153,14 @@ class Inflight:
             return
         # One copy for the whole call: the engine may reuse its buffer, and a pinned one goes back to the
         # caching host allocator now; a call's own memory is only seen again as a tensor made outside
-        # inference mode. Either way made outside inference mode (the device thread decodes in it, and the
-        # host completer runs there), so callers may write to their audio.
-        with torch.inference_mode(False):
-            output = CallOutput(torch.from_numpy(host.numpy()) if self.owned else host.clone())
+        # inference mode. Either way made outside inference mode (a device thread that decodes runs in it,
+        # and the host completer runs there), so callers may write to their audio. The guard only where
+        # that mode is on: a completer thread or a simulated device's thread would pay for it per call.
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                output = _call_output(host, self.owned)
+        else:
+            output = _call_output(host, self.owned)
         for w in live:
             a = w.awaiting
             posts.setdefault(a.mailbox, []).append((a, output.part(w.row, w.lo, w.hi), None))
@@ -166,6 +170,10 @@ class Inflight:
         for w in self.waiters:
             posts.setdefault(w.awaiting.mailbox, []).append((w.awaiting, None, error))
         _post_all(posts)
+
+
+def _call_output(host: torch.Tensor, owned: bool) -> CallOutput:
+    return CallOutput(torch.from_numpy(host.numpy()) if owned else host.clone())
 
 
 class Completer:

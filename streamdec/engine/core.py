@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import math
 import os
@@ -309,13 +310,18 @@ class DecodeEngine(Engine):
         self._stats = EngineStats()
         # the latest device calls, for benchmarks' timelines (a few per replay period: minutes of them)
         self._calls: collections.deque[DeviceCall] = collections.deque(maxlen=_CALLS_KEPT)
-        self._cond = threading.Condition()  # guards scheduler, stats, commands, inflight count
+        self._lock = threading.RLock()  # guards scheduler, stats, commands, inflight count
+        # The device thread sleeps on this, released by whoever has work for it (held: no wake pending).
+        # A lock released from another thread, not a Condition: a wake is one C call on the loop, with no
+        # lock to take and no waiter list to walk, and it comes once per loop turn under load.
+        self._bell = threading.Lock()
+        self._bell.acquire()
         self._commands: collections.deque[Callable[[], None]] = collections.deque()
         # Submitted and withdrawn requests on their way to the Scheduler: appended on the loop without the
         # lock, taken by the device thread (see submit).
         self._arrivals: collections.deque[_Pending] = collections.deque()
         self._withdrawn: collections.deque[_Pending] = collections.deque()
-        self._sleeping = False  # the device thread waits on _cond (or is about to): a wake must notify
+        self._sleeping = False  # the device thread waits on _bell (or is about to): a wake must ring it
         # event loops with a wake-up of the device thread scheduled (see _wake_soon)
         self._wakes_scheduled: set[asyncio.AbstractEventLoop] = set()
         self._mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}
@@ -407,14 +413,14 @@ class DecodeEngine(Engine):
     async def aclose(self) -> None:
         if self._closed:
             return
-        with self._cond:
+        with self._lock:
             self._closed = True
             leftovers = self._take_leftovers()
-            self._cond.notify_all()
+            self._rouse()
         _fail_closed(leftovers)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
-            with self._cond:  # what another loop submitted while the device thread was stopping
+            with self._lock:  # what another loop submitted while the device thread was stopping
                 _fail_closed(self._take_leftovers())
         if self._completer is not None:
             await asyncio.to_thread(self._completer.close)
@@ -425,11 +431,11 @@ class DecodeEngine(Engine):
 
     @property
     def stats(self) -> EngineStats:
-        with self._cond:
+        with self._lock:
             return self._stats.snapshot()
 
     def recent_calls(self) -> list[DeviceCall]:
-        with self._cond:
+        with self._lock:
             return list(self._calls)
 
     @property
@@ -486,19 +492,19 @@ class DecodeEngine(Engine):
     def open_slot(self) -> int:
         if self._slots is None:
             raise EngineError("this engine was built without max_streams: it keeps no per-stream state")
-        with self._cond:
+        with self._lock:
             return self._slots.take()
 
     def close_slot(self, slot: int) -> None:
         if self._slots is None:
             raise EngineError("this engine was built without max_streams: it keeps no per-stream state")
-        with self._cond:
+        with self._lock:
             self._slots.give_back(slot)
 
     @property
     def open_slots(self) -> int:
         """Slots in use right now."""
-        with self._cond:
+        with self._lock:
             return 0 if self._slots is None else self._slots.in_use
 
     def _wake_soon(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -511,14 +517,19 @@ class DecodeEngine(Engine):
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
         self._wakes_scheduled.discard(loop)
-        # Read without the lock: the device thread sets it under the lock and then looks at the arrivals
-        # once more before it waits, so an arrival appended before this read is seen either way.
+        # Without the lock: the device thread sets _sleeping and then looks at the arrivals once more
+        # before it waits, so an arrival appended before this read is seen either way.
+        self._rouse()
+
+    def _rouse(self) -> None:
+        """Wake the device thread if it sleeps (any thread). Cleared here, not when the device thread
+        resumes: until it has the GIL back, the next loop turns' wakes find it awake and ring nothing.
+        Every clearing is followed by a ring, so the device thread never waits marked awake with no ring
+        to come; a ring it finds pending when it has woken otherwise costs it one more look for work."""
         if self._sleeping:
-            with self._cond:
-                # Cleared here, not when the device thread resumes: until it has the lock and the GIL
-                # back, the next turns' wakes find it awake and leave the lock alone.
-                self._sleeping = False
-                self._cond.notify_all()
+            self._sleeping = False
+            with contextlib.suppress(RuntimeError):  # another thread rang it first: one ring is pending
+                self._bell.release()
 
     def _take_arrivals(self) -> None:
         """Move submitted requests into the Scheduler and withdrawn ones out of it (device thread, under
@@ -544,10 +555,16 @@ class DecodeEngine(Engine):
         return [p for p in self._scheduler.drain() if not p.withdrawn()]
 
     def _sleep(self, timeout: float | None) -> None:
-        """Wait on the lock's condition (held) until woken or ``timeout``, unless work arrived."""
+        """Wait for a ring (see :meth:`_rouse`) or ``timeout``, the lock (held) released meanwhile, unless
+        work arrived. What a waker changes under the lock before it rings is seen after the wait; what
+        it changed before the lock was let go, before it."""
         self._sleeping = True
         if not (self._arrivals or self._withdrawn):
-            self._cond.wait(timeout=timeout)
+            self._lock.release()
+            try:
+                self._bell.acquire(timeout=-1 if timeout is None else timeout)
+            finally:
+                self._lock.acquire()
         self._sleeping = False
 
     def _check(self, request: WindowRequest) -> None:
@@ -595,7 +612,10 @@ class DecodeEngine(Engine):
             torch.cuda.set_device(self.device)
         # The codec's precision policy (TF32 off by default) holds for every capture, compile and eager
         # call this thread makes, so all tiers compute the function codec.decode computes.
-        with torch.inference_mode(), self.codec.numerics():
+        # A simulated device runs no codec: its stand-in audio is numpy made into tensors, which need no
+        # inference mode, and without it handing a call's output out needs no guard to leave it per call.
+        inference = torch.inference_mode() if self.simulated is None else contextlib.nullcontext()
+        with inference, self.codec.numerics():
             while (work := self._next_work()) is not None:
                 try:
                     work()
@@ -603,7 +623,7 @@ class DecodeEngine(Engine):
                     log.exception("streamdec device thread: unexpected error")
 
     def _next_work(self) -> Callable[[], None] | None:
-        with self._cond:
+        with self._lock:
             while True:
                 if self._commands:
                     return self._commands.popleft()
@@ -642,16 +662,16 @@ class DecodeEngine(Engine):
             except BaseException as exc:
                 done.set_exception(exc)
 
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise EngineClosedError("engine is closed")
             self._commands.append(command)
-            self._cond.notify_all()
+            self._rouse()
         return await asyncio.wrap_future(done)
 
     def _finished(self, item: Inflight) -> None:
         elapsed = item.elapsed_s()
-        with self._cond:
+        with self._lock:
             self._inflight -= 1
             now = time.monotonic()
             call = item.extra.get("call")
@@ -662,12 +682,12 @@ class DecodeEngine(Engine):
             self._busy.add(now, elapsed if elapsed is not None else float(item.extra.get("seconds", 0.0)))
             if elapsed is not None:
                 self._stats.decode_seconds += elapsed
-            self._cond.notify_all()
+            self._rouse()
 
     def _launch(self, key: BucketKey, items: list[_Pending], decided: float) -> None:
         launched = time.monotonic()
         live = [p for p in items if not p.withdrawn()]
-        with self._cond:
+        with self._lock:
             self._stats.cancelled += len(items) - len(live)
             queued = self._scheduler.pending
         if not live:
@@ -688,7 +708,7 @@ class DecodeEngine(Engine):
             key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched, None,
             self._replay_s(key),
         )  # fmt: skip
-        with self._cond:
+        with self._lock:
             s = self._stats
             s.decodes += 1
             s.windows += len(live)
@@ -811,7 +831,9 @@ class DecodeEngine(Engine):
         if key.kind == "window":
             out = tier.windows(x, lo // self.hop, hi // self.hop)
         else:
-            out = tier.call(key.kind, self._slots_of(live, len(live)), x)
+            # the slots in numpy, which the stand-in reads: no tensor made only to be read back
+            slots = np.array([p.request.slot for p in live], dtype=np.int64)  # type: ignore[union-attr]
+            out = tier.call(key.kind, slots, x)
         return self._host_inflight(out, waiters, began)
 
     def _host_inflight(self, out: torch.Tensor, waiters: list[Waiter], began: float) -> Inflight:

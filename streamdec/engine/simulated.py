@@ -143,24 +143,27 @@ class SimulatedTier:
         self.period = sine_period(self.hop)
         self.tails = np.zeros((self.slots + 1, self.right_frames), np.float32)  # [slots + 1, right_frames]
 
-    def windows(self, latents: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-        """``[rows, channels, (hi - lo) * hop]`` for frames ``lo:hi`` of windows ``[rows, frames, D]``."""
-        self._wait([int(latents.shape[1])] * int(latents.shape[0]))
-        return stand_in_frames(latents[:, lo:hi, 0], self.period, self.channels)
+    def windows(self, latents: torch.Tensor | np.ndarray, lo: int, hi: int) -> torch.Tensor:
+        """``[rows, channels, (hi - lo) * hop]`` for frames ``lo:hi`` of windows ``[rows, frames, D]`` (or
+        their first latents alone, ``[rows, frames]``)."""
+        first = _first_of_frames(latents)
+        self._wait([int(first.shape[1])] * int(first.shape[0]))
+        return stand_in_frames(first[:, lo:hi], self.period, self.channels)
 
-    def call(self, kind: str, slots: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-        """A batched stateful ``kind`` call of rows ``slots`` ``[rows]`` on ``latents`` ``[rows, n, D]``.
+    def call(
+        self, kind: str, slots: torch.Tensor | np.ndarray, latents: torch.Tensor | np.ndarray
+    ) -> torch.Tensor:
+        """A batched stateful ``kind`` call of rows ``slots`` ``[rows]`` on ``latents`` ``[rows, n, D]`` (or
+        their first latents alone, ``[rows, n]``).
 
         Returns ``[rows, channels, emitted * hop]``: ``n - right_frames`` frames for a prime, ``n`` for a
         step, ``n + right_frames`` for a flush (see :class:`~streamdec.engine.base.StepRequest`).
         """
-        n = int(latents.shape[1])
-        self._wait([n] * int(latents.shape[0]))
+        new = _first_of_frames(latents)  # [rows, n]; numpy, as stand_in_frames says why
+        n = int(new.shape[1])
+        self._wait([n] * int(new.shape[0]))
         r = self.right_frames
-        if latents.dtype != torch.float32:
-            latents = latents.float()
-        new = latents.numpy()[:, :, 0]  # [rows, n]; numpy, as stand_in_frames says why
-        rows = slots.numpy()
+        rows = slots.numpy() if isinstance(slots, torch.Tensor) else slots
         seq = new if kind == "prime" else np.concatenate([self.tails[rows], new], axis=1)
         emitted = n - r if kind == "prime" else n if kind == "step" else n + r
         if kind != "flush":
@@ -171,6 +174,17 @@ class SimulatedTier:
         delay = call_seconds(self.cost, window_frames)
         if delay > 0:
             self.sleep(delay)
+
+
+def _first_of_frames(latents: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The first latent of each frame as float32 numpy ``[rows, frames]``, from ``[rows, frames, D]`` or
+    from those first latents already."""
+    if isinstance(latents, torch.Tensor):
+        if latents.dtype != torch.float32 or latents.requires_grad:
+            latents = latents.detach().float()
+        latents = latents.numpy()
+    first = latents[:, :, 0] if latents.ndim == 3 else latents
+    return first if first.dtype == np.float32 else first.astype(np.float32)
 
 
 #: stateful slots of a simulated engine when none are asked for: host-path runs hold thousands of streams,

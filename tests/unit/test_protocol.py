@@ -120,6 +120,19 @@ def test_audio_round_trips_interleaved(fmt: str) -> None:
     np.testing.assert_allclose(out, samples.numpy(), atol=tol, rtol=0)
 
 
+def test_audio_with_its_sample_count_given_is_the_same_message() -> None:
+    """A caller that read the sample count already passes it: the same bytes, the same numbering."""
+    samples = torch.rand(2, 10) - 0.5
+    assert encode_audio(4, 9, 1234, samples, "pcm_s16le", n_samples=10) == encode_audio(
+        4, 9, 1234, samples, "pcm_s16le"
+    )
+    s = state()
+    start(s, 1)
+    first = parse_audio(s.audio(1, samples, n_samples=10))
+    second = parse_audio(s.audio(1, samples))
+    assert [(a.seq, a.start_sample, a.n_samples) for a in (first, second)] == [(0, 0, 10), (1, 10, 10)]
+
+
 def test_state_numbers_audio_and_reports_done() -> None:
     """Audio seq counts 0, 1, …; start_sample accumulates; done reports frames in and samples out."""
     s = state()

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from streamdec.engine.base import Engine, WindowRequest
 from streamdec.engine.core import DecodeEngine
 from streamdec.engine.simulated import (
     SimulatedCost,
+    SimulatedTier,
     call_seconds,
     plan_calls,
     simulated_engine,
@@ -69,6 +71,60 @@ def test_stand_in_audio_has_the_emitted_shape_and_follows_the_latents() -> None:
     assert float(b.abs().max()) <= 0.5 + 1e-6
     shifted = WindowRequest(0, quiet.latents[2:], 3, 6)  # same emitted frames, another window
     assert torch.equal(stand_in_audio(shifted, period, 2), a)
+
+
+@pytest.mark.parametrize("kind", ["prime", "step", "flush"])
+def test_a_call_on_first_latents_alone_equals_the_call_on_whole_latents(kind: str) -> None:
+    """The engine hands the simulated device each frame's first latent only, in numpy: the same audio,
+    and the same tails for the next call, as from the stacked ``[rows, n, D]`` tensor, bit for bit."""
+    latents = torch.randn(3, 12, 8)
+    whole = SimulatedTier(SimulatedCost(), 480, 2, slots=4, right_frames=7)
+    first = SimulatedTier(SimulatedCost(), 480, 2, slots=4, right_frames=7)
+    rows = [2, 0, 3]
+    for tier in (whole, first):
+        tier.tails[:] = np.arange(5 * 7, dtype=np.float32).reshape(5, 7) / 35
+    a = whole.call(kind, torch.tensor(rows), latents)
+    b = first.call(kind, np.array(rows, dtype=np.int64), latents[:, :, 0].numpy().copy())
+    assert torch.equal(a, b)
+    assert np.array_equal(whole.tails, first.tails)
+    assert torch.equal(whole.windows(latents, 2, 9), first.windows(latents[:, :, 0].numpy(), 2, 9))
+
+
+async def test_float16_requests_decode_as_their_float32_values(codec: Any) -> None:
+    """A request in another float dtype takes the stacked path: the same audio as its float32 values."""
+    engine = simulated_engine(codec)
+    window = _request(16, dim=codec.latent_dim)
+    half = WindowRequest(0, window.latents.half(), window.emit_offset, window.emit_frames)
+    exact = WindowRequest(0, half.latents.float(), window.emit_offset, window.emit_frames)
+    try:
+        got, expected = await asyncio.gather(engine.decode_window(half), engine.decode_window(exact))
+    finally:
+        await engine.aclose()
+    assert torch.equal(got, expected)
+
+
+async def test_two_loops_waking_the_device_thread_at_once_lose_no_request(codec: Any) -> None:
+    """Each loop wakes the sleeping device thread once per turn, and both may find it asleep at the same
+    moment: every request of both is decoded, each exactly once."""
+    engine = simulated_engine(codec)
+    await engine.start()
+
+    async def burst() -> list[tuple[int, ...]]:
+        shapes = []
+        for _ in range(40):  # waves: the device thread sleeps between them
+            done = await asyncio.gather(
+                *(engine.decode_window(_request(16, dim=codec.latent_dim)) for _ in range(5))
+            )
+            shapes += [tuple(o.shape) for o in done]
+        return shapes
+
+    other = asyncio.to_thread(asyncio.run, burst())
+    try:
+        mine, theirs = await asyncio.gather(burst(), other)
+    finally:
+        await engine.aclose()
+    assert mine == theirs == [(codec.channels, 4 * codec.hop_size)] * 200
+    assert engine.stats.windows == 400
 
 
 async def test_windows_queued_during_a_call_share_the_next_call(codec: Any) -> None:
