@@ -146,9 +146,14 @@ class StreamServer:
         self._previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._loop_exception)
 
-    async def warmup(self) -> WarmupReport:
-        """Warm the decoder up and measure capacity; ``/healthz`` turns 200 afterwards."""
+    async def warmup(self, before_probe: Callable[[], None] | None = None) -> WarmupReport:
+        """Warm the decoder up and measure capacity; ``/healthz`` turns 200 afterwards. ``before_probe``
+        runs between the two: ``streamdec serve`` freezes the heap there (:func:`settings.freeze_heap`),
+        so that the probe meets the garbage collector as the server's streams will, not a full
+        collection over everything warm-up made, which stalls every paced stream at once."""
         report = await self.decoder.warmup()
+        if before_probe is not None:
+            before_probe()
         if self.config.probe_capacity and self.config.max_streams_total is None:
             self.admission.measured = await self.measure_capacity()
         self.warm = True

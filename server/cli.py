@@ -152,10 +152,10 @@ async def _serve(args: argparse.Namespace, config: ServerConfig) -> None:
         server = StreamServer(decoder, config, voice=voice)
         await _start(server, config)
         loaded = time.monotonic()
-        report = await server.warmup()
+        report = await server.warmup(before_probe=settings.freeze_heap)  # what warm-up made lives on
         warmed = time.monotonic()
         decoder.freeze()
-        settings.freeze_heap()  # what warm-up made lives as long as the server: no collection walks it
+        settings.freeze_heap()  # and what the probe left: no collection walks either
         state = sum(d.engine.state_memory_bytes() for d in decoders)
         if group is not None:
             print(f"streamdec: {len(names)} devices ({', '.join(names)}), {decoders[0].max_streams or 'no'} "

@@ -114,3 +114,31 @@ def test_serve_does_not_probe_the_host_path_alone() -> None:
     warm-up probe caps it; the decoder's slots bound it."""
     text = _serve_startup("--engine", "simulated", "--slots", "64")
     assert "capacity 64 real-time streams (unbounded)" in text and "capacity probe" not in text
+
+
+async def test_the_hook_before_the_probe_runs_once_the_decoder_is_warm(codec: Any) -> None:
+    """``streamdec serve`` freezes the heap between the decoder's warm-up and the probe, so the probe does
+    not pay a full collection over what warm-up made: the hook runs after the one and before the other."""
+    from streamdec.server.app import StreamServer
+    from streamdec.server.config import ServerConfig
+
+    order: list[str] = []
+    async with streamdec.StreamDecoder(codec, engine=engine(codec, 5), max_emit=16) as dec:
+        server = StreamServer(dec, ServerConfig(host="127.0.0.1", port=0, probe_capacity=True, grace=5.0))
+        decoder_warmup, probe = dec.warmup, server.measure_capacity
+
+        async def warm() -> Any:
+            report = await decoder_warmup()
+            order.append("decoder warm")
+            return report
+
+        async def measure() -> int:
+            order.append("probe")
+            return await probe()
+
+        dec.warmup = warm  # type: ignore[method-assign]
+        server.measure_capacity = measure  # type: ignore[method-assign]
+        async with server:
+            await server.warmup(before_probe=lambda: order.append("hook"))
+    assert order == ["decoder warm", "hook", "probe"]
+    assert server.admission.capacity > 0
