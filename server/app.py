@@ -46,7 +46,7 @@ from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
 from .opus import opus_info
-from .probe import CapacityReport, engine_hold_lead, measure_capacity, probe_margin
+from .probe import CapacityReport, cuda_engines, engine_hold_lead, measure_capacity, probe_margin
 from .probe_cache import KeptVerdict, VerdictStore
 
 if TYPE_CHECKING:
@@ -194,12 +194,8 @@ class StreamServer:
         """The stored probe verdict this start may reuse or must write (:mod:`.probe_cache`): only where
         every engine runs on CUDA and a directory is configured."""
         directory = self.config.capacity_cache
-        engines = [getattr(d, "engine", None) for d in getattr(self.decoder, "decoders", [self.decoder])]
-        if (
-            directory is None
-            or not engines
-            or any(getattr(getattr(e, "device", None), "type", None) != "cuda" for e in engines)
-        ):
+        engines = cuda_engines(self.decoder)
+        if directory is None or engines is None:
             return None
         decoder = self.decoder
         facts = {

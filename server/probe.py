@@ -110,6 +110,12 @@ def _gpu_engine(member: object) -> Any | None:
     return engine if getattr(getattr(engine, "device", None), "type", None) == "cuda" else None
 
 
+def cuda_engines(decoder: object) -> list[Any] | None:
+    """The engine of each of the decoder's members, where every one runs on a CUDA device; else None."""
+    engines = [_gpu_engine(member) for member in _members(decoder)]
+    return None if any(engine is None for engine in engines) else engines
+
+
 def engine_hold_lead(decoder: object) -> float | None:
     """The ``hold_lead`` of the decoder's engines where they hold work on a GPU (module docstring), else
     None."""

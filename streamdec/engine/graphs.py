@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +39,7 @@ from torch import Tensor
 
 from .. import settings
 from ..errors import CaptureFrozenError, ConfigError
+from ..kernels.availability import HAS_TRITON
 from .scheduler import BucketKey
 from .slots import StatePool
 
@@ -245,7 +245,7 @@ class GraphTiers:
         them (:mod:`streamdec.kernels.precompile`): one pass over the keys finds them, launching nothing
         new. Skipped where this warm-up's variants are known to be in the on-disk cache already. A
         failure only means each variant compiles at its first launch, as without this step."""
-        if not keys or importlib.util.find_spec("triton") is None:
+        if not keys or not HAS_TRITON:
             return []
         from streamdec.kernels import precompile
 
@@ -433,7 +433,7 @@ class GraphTiers:
         other recording is the same sequence of launches with the same arguments, so the graph is the one
         the run-first way would have captured. For a plain graph that skips a whole eager call, most of
         the warm-up's time on a warm host."""
-        if importlib.util.find_spec("triton") is None:
+        if not HAS_TRITON:
             return None
         from streamdec.kernels import precompile
 

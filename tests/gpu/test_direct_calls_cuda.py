@@ -12,14 +12,12 @@ from streamdec.kernels import alias_free
 from streamdec.kernels.availability import direct_cuda_call
 from streamdec.kernels.conv import f16_conv_supported, split_conv1d_f16
 from streamdec.kernels.split import pack_split_weight_f16
+from support.cuda_checks import NEEDS_TMA
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-        reason="the float16 split kernel needs TMA (compute capability 9.0)",
-    ),
+    NEEDS_TMA,
 ]
 
 

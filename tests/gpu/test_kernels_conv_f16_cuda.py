@@ -15,15 +15,19 @@ import torch.nn.functional as F
 from streamdec.kernels import f16_launch
 from streamdec.kernels.conv import f16_conv_supported, split_conv1d_f16
 from streamdec.kernels.split import pack_split_weight_f16, split_input_f16
-from support.cuda_checks import AUK_LAYERS, captured_replay, layer_case, rel_error, whole_auk_against_float64
+from support.cuda_checks import (
+    AUK_LAYERS,
+    NEEDS_TMA,
+    captured_replay,
+    layer_case,
+    rel_error,
+    whole_auk_against_float64,
+)
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-        reason="the float16 split kernel needs TMA (compute capability 9.0)",
-    ),
+    NEEDS_TMA,
 ]
 
 

@@ -11,10 +11,17 @@ import copy
 import random
 from collections.abc import Callable, Iterator
 
+import pytest
 import torch
 
 from streamdec.codecs import Codec, load_codec
 from streamdec.engine.graphs import CapturedGraph, static_forward
+
+#: the float16 split kernel's tests: a GPU with TMA
+NEEDS_TMA = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+    reason="the float16 split kernel needs TMA (compute capability 9.0)",
+)
 
 # auk-24k's dense-conv shapes at one 70-frame window: (Cin = Cout, kernel, dilation, output samples)
 AUK_LAYERS = [(1536, 7, 1, 70), (768, 3, 1, 350), (768, 11, 5, 350), (384, 7, 3, 1400), (96, 11, 5, 8400)]
