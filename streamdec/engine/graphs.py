@@ -241,17 +241,20 @@ class GraphTiers:
         return notes
 
     def _precompile(self, keys: Sequence[BucketKey]) -> list[str]:
-        """Compile the Triton variants ``keys`` will launch in worker processes, before any capture needs
-        them (:mod:`streamdec.kernels.precompile`): one pass over the keys finds them, launching nothing
-        new. Skipped where this warm-up's variants are known to be in the on-disk cache already. A
-        failure only means each variant compiles at its first launch, as without this step."""
+        """Have every Triton variant ``keys`` will launch compiled and loaded before any capture needs it
+        (:mod:`streamdec.kernels.precompile`): one pass over the keys finds them, launching nothing new,
+        worker processes compile them, and this process loads them. Where an earlier warm-up of the same
+        fingerprint listed its variants in Triton's cache directory, they are only loaded. A failure only
+        means each variant compiles or loads at its first launch, as without this step."""
         if not keys or not HAS_TRITON:
             return []
         from streamdec.kernels import precompile
 
         marker = precompile.warm_marker(self._variant_fingerprint(keys)) if self.shapes else None
-        if marker is not None and marker.exists():
-            return ["Triton variants: precompiled in the on-disk cache by an earlier warm-up"]
+        known = precompile.read_marker(marker) if marker is not None else None
+        if known is not None:
+            loaded = self._load_variants(known)
+            return [f"Triton variants: precompiled in the on-disk cache by an earlier warm-up; {loaded}"]
         began = time.perf_counter()
         assert self.stream is not None
         try:
@@ -263,15 +266,26 @@ class GraphTiers:
             self.stream.synchronize()
             looked = time.perf_counter() - began
             report = precompile.compile_variants(found, precompile.current_target())
+            # Each call ran once (its Triton launches skipped, everything else done): what a run first
+            # initialises lazily is done, and the variants are loaded below, so captures need no run first.
+            self._ran.update((key.kind, key.frames) for key in keys)
         except Exception as exc:
             log.warning(
                 "precompiling the warm-up's Triton variants failed (%s); each compiles at first launch", exc
             )
             return [f"Triton variants not precompiled: {type(exc).__name__}: {exc}"]
         if marker is not None and report.failed == 0:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        return [f"{report.describe()} (found in {looked:.1f} s)"]
+            precompile.write_marker(marker, found)
+        return [f"{report.describe()} (found in {looked:.1f} s); {self._load_variants(found)}"]
+
+    def _load_variants(self, variants: list[Any]) -> str:
+        from streamdec.kernels import precompile
+
+        with torch.cuda.device(self.device):
+            report = precompile.load_variants(variants)
+        if report.failed:
+            log.warning("loading the warm-up's Triton variants: %s", report.describe())
+        return report.describe()
 
     def _variant_fingerprint(self, keys: Sequence[BucketKey]) -> str:
         """Everything the kernel variants of a warm-up of ``keys`` depend on."""

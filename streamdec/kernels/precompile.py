@@ -11,13 +11,15 @@ depends only on shapes, never on values, so they can be found before any is comp
 2. :func:`compile_variants` - worker processes compile the recorded variants side by side into Triton's
    on-disk cache, each from the specialization record Triton wrote for it, for the GPU the warm-up runs
    on (the workers need no GPU);
-3. the warm-up proper runs as before, and each first launch loads its binary from that cache.
+3. :func:`load_variants` - this process loads every recorded binary from that cache into Triton's
+   in-process kernel caches (what a first launch would do), so the warm-up's captures need no launch
+   first to load them.
 
 Nothing here changes a binary: a worker compiles the source, specialization and options the launch
 would have compiled, so Triton's cache key is the same. Where a step fails (no spawn, a worker error),
 the launch compiles the variant itself, as it would have anyway. :func:`warm_marker` names a file in
-Triton's cache directory that says a warm-up with this fingerprint has been precompiled there, so a warm
-start skips the discovery pass.
+Triton's cache directory that lists the variants of a warm-up with this fingerprint, precompiled there
+(:func:`write_marker`, :func:`read_marker`), so a warm start skips the discovery pass and only loads them.
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ from typing import Any
 
 __all__ = [
     "CompileReport",
+    "LoadReport",
     "Variant",
     "compile_variants",
     "current_target",
     "default_workers",
     "discovering",
+    "load_variants",
+    "read_marker",
     "warm_marker",
+    "write_marker",
 ]
 
 
@@ -67,6 +73,18 @@ class CompileReport:
     def describe(self) -> str:
         failed = f", {self.failed} left to their first launch ({self.first_error})" if self.failed else ""
         return f"{self.variants} Triton variants compiled in {self.workers} processes in {self.seconds:.1f} s{failed}"
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    variants: int
+    seconds: float
+    failed: int = 0
+    first_error: str = ""
+
+    def describe(self) -> str:
+        failed = f", {self.failed} left to their first launch ({self.first_error})" if self.failed else ""
+        return f"{self.variants} Triton variants loaded in {self.seconds:.1f} s{failed}"
 
 
 class _Skipped:
@@ -144,13 +162,57 @@ def compile_variants(variants: list[Variant], target: Any, workers: int | None =
     return CompileReport(len(variants), count, time.perf_counter() - began, len(errors), first)
 
 
+def load_variants(variants: list[Variant]) -> LoadReport:
+    """Load each of ``variants`` from Triton's on-disk cache into this process, as its first launch
+    would: into its kernel's in-process cache, with its module loaded on the current CUDA device. A
+    launch of a loaded variant then does no compile lookup and loads nothing, so a graph capture can
+    record it without a run first. Failures are counted, not raised: such a variant loads (or compiles)
+    at its first launch, as it would have without this step."""
+    began = time.perf_counter()
+    errors: list[BaseException] = []
+    for variant in variants:
+        try:
+            kernel = getattr(importlib.import_module(variant.module), variant.name)
+            # Triton's own inverse of the compile hook's record: it rebuilds the specialization, finds
+            # the binary in the on-disk cache (compiling only on a miss) and keeps it under the record's
+            # key, the key a launch with these arguments looks up.
+            compiled = kernel.preload(variant.specialization)
+            if compiled is None:
+                raise RuntimeError("Triton's preload returned no kernel")
+            compiled._init_handles()  # the module load a first launch would do (never mid-capture)
+        except Exception as exc:
+            errors.append(exc)
+    first = f"{type(errors[0]).__name__}: {errors[0]}"[:200] if errors else ""
+    return LoadReport(len(variants), time.perf_counter() - began, len(errors), first)
+
+
 def warm_marker(fingerprint: str) -> Path:
-    """The file in Triton's cache directory that says a warm-up with ``fingerprint`` (whatever fixes its
-    variants: layer shapes, precision, buckets, GPU, versions) has been precompiled into it."""
+    """The file in Triton's cache directory that lists the variants of a warm-up with ``fingerprint``
+    (whatever fixes its variants: layer shapes, precision, buckets, GPU, versions), precompiled into it."""
     from triton import knobs
 
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:24]
-    return Path(knobs.cache.dir) / f"streamdec-precompiled-{digest}"
+    return Path(knobs.cache.dir) / f"streamdec-variants-{digest}.json"
+
+
+def write_marker(marker: Path, variants: list[Variant]) -> None:
+    """Record ``variants`` as precompiled for ``marker``'s warm-up; written whole or not at all (a
+    concurrent reader never sees half a list)."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    records = [{"module": v.module, "name": v.name, "specialization": v.specialization} for v in variants]
+    partial = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(records))
+    partial.replace(marker)
+
+
+def read_marker(marker: Path) -> list[Variant] | None:
+    """The variants :func:`write_marker` recorded for ``marker``'s warm-up; None where there is no such
+    marker or it cannot be read (the warm-up then discovers its variants again)."""
+    try:
+        records = json.loads(marker.read_text())
+        return [Variant(r["module"], r["name"], r["specialization"]) for r in records]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _compile_one(module: str, name: str, specialization: str, target: Any) -> None:

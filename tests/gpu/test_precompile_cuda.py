@@ -18,6 +18,7 @@ scale_kernel = pytest.importorskip("support.triton_kernel", reason="needs Triton
 
 # Compiled by no other test: this process has no binary of it yet.
 _FACTOR = 7.0
+_LOADED_FACTOR = 5.0
 
 
 def _launch(x: torch.Tensor, out: torch.Tensor) -> None:
@@ -42,6 +43,28 @@ def test_discovery_records_the_variant_and_launches_nothing() -> None:
     assert report.variants == 1 and report.failed == 0, report.describe()
     _launch(x, out)
     torch.testing.assert_close(out, x * _FACTOR, rtol=0, atol=0)
+
+
+def test_a_loaded_variant_launches_without_asking_to_compile() -> None:
+    """After the workers compiled a variant and this process loaded it, a launch of it (as inside a
+    capture without a run first) finds it: nothing asks the compile hook, and the launch runs."""
+    x = torch.randn(777, device="cuda")
+    out = torch.zeros(777, device="cuda")
+
+    def launch() -> None:
+        scale_kernel[(triton_cdiv(x.numel(), 128),)](x, out, x.numel(), FACTOR=_LOADED_FACTOR, BLOCK=128)
+
+    with precompile.discovering() as found:
+        launch()
+    assert len(found) == 1
+    assert precompile.compile_variants(found, precompile.current_target(), workers=1).failed == 0
+    report = precompile.load_variants(found)
+    assert (report.variants, report.failed) == (1, 0), report.describe()
+    with precompile.discovering() as missing:
+        launch()
+    torch.cuda.synchronize()
+    assert missing == []
+    torch.testing.assert_close(out, x * _LOADED_FACTOR, rtol=0, atol=0)
 
 
 def test_stateful_warmup_with_precompile_replays_like_without(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,3 +64,29 @@ def test_a_worker_compiles_the_variant_a_launch_records(
         ASTSource(scale_kernel, signature, constexprs, attrs), target=target, options=options.__dict__
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == entries
+
+
+def test_the_marker_lists_the_variants_it_was_written_with(tmp_path: Path) -> None:
+    variants = [
+        precompile.Variant("pkg.kernels", "conv", '{"key": "a"}'),
+        precompile.Variant("pkg.kernels", "act", '{"key": "b", "signature": {"x": "*fp16"}}'),
+    ]
+    marker = tmp_path / "cache" / "streamdec-variants-x.json"
+    precompile.write_marker(marker, variants)
+    assert precompile.read_marker(marker) == variants
+    assert [p.name for p in marker.parent.iterdir()] == [marker.name]  # no partial file left behind
+
+
+@pytest.mark.parametrize("content", [None, "", "{not json", '{"module": "m"}', '[{"module": "m"}]'])
+def test_a_missing_or_unreadable_marker_reads_as_none(tmp_path: Path, content: str | None) -> None:
+    marker = tmp_path / "streamdec-variants-x.json"
+    if content is not None:
+        marker.write_text(content)
+    assert precompile.read_marker(marker) is None
+
+
+def test_a_variant_that_cannot_load_is_counted_not_raised() -> None:
+    bad = precompile.Variant("streamdec.no_such_module", "_kernel", "{}")
+    report = precompile.load_variants([bad, bad])
+    assert (report.variants, report.failed) == (2, 2)
+    assert "2 left to their first launch (ModuleNotFoundError" in report.describe()
