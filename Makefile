@@ -62,10 +62,10 @@ test-integration: $(STAMP)
 
 # GPU hosts bring their own CUDA torch: these targets use $(PYTHON) as it is, without the CPU venv.
 test-gpu:
-	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -m "cuda and not slow" tests
+	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) scripts/test_gpu.py -m "cuda and not slow"
 
 test-gpu-slow:
-	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -m "cuda and slow" tests
+	TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) scripts/test_gpu.py -m "cuda and slow"
 
 bench-cpu: $(STAMP)
 	$(PY) scripts/bench_cpu.py --out bench/results/cpu

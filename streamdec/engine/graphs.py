@@ -426,9 +426,16 @@ class GraphTiers:
         assert self.stream is not None
         graph = torch.cuda.CUDAGraph()
         self._capturing = True
+        # torch.cuda.graph() would also synchronize the device and empty the allocator's cache before
+        # every capture, to free memory for it; a warm-up records 80 graphs in a row into one pool, and
+        # the emptied cache only made the next eager run allocate its blocks from the driver again.
         try:
-            with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
-                static_out = fn(static_in)
+            with torch.cuda.stream(self.stream):
+                graph.capture_begin(pool, capture_error_mode="thread_local")
+                try:
+                    static_out = fn(static_in)
+                finally:
+                    graph.capture_end()
         finally:
             self._capturing = False
         return graph, static_out
