@@ -14,8 +14,8 @@ file that failed at the end. Exits non-zero when any file failed.
 from __future__ import annotations
 
 import argparse
-import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,25 +45,32 @@ def main() -> int:
     waiting = list(files)
     running: dict[Path, tuple[subprocess.Popen[bytes], float]] = {}
     failed: list[Path] = []
-    while waiting or running:
-        while waiting and len(running) < jobs:
-            path = waiting.pop(0)
-            log = (logs / f"{path.stem}.log").open("wb")
-            command = [sys.executable, "-m", "pytest", "-m", args.marks, str(path), *extra]
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-            log.close()
-            running[path] = (proc, time.monotonic())
-        time.sleep(0.2)
-        for path, (proc, started) in list(running.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            del running[path]
-            if code not in _PASSED:
-                failed.append(path)
-            summary = _summary(logs / f"{path.stem}.log")
-            mark = "ok  " if code in _PASSED else "FAIL"
-            print(f"{mark} {path.name}: {summary} ({time.monotonic() - started:.0f} s)", flush=True)
+    # Stopped (Ctrl-C, or a time limit's SIGTERM), it stops its pytest processes too: none is left on the GPU.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                path = waiting.pop(0)
+                with (logs / f"{path.stem}.log").open("wb") as log:
+                    command = [sys.executable, "-m", "pytest", "-m", args.marks, str(path), *extra]
+                    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                running[path] = (proc, time.monotonic())
+            time.sleep(0.2)
+            for path, (proc, started) in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del running[path]
+                if code not in _PASSED:
+                    failed.append(path)
+                summary = _summary(logs / f"{path.stem}.log")
+                mark = "ok  " if code in _PASSED else "FAIL"
+                print(f"{mark} {path.name}: {summary} ({time.monotonic() - started:.0f} s)", flush=True)
+    finally:
+        for path, (proc, _) in running.items():
+            proc.kill()
+            proc.wait()
+            print(f"stopped {path.name}: {_summary(logs / f'{path.stem}.log')}", flush=True)
 
     for path in failed:
         print(f"\n===== {path.name} =====\n{(logs / f'{path.stem}.log').read_text(errors='replace')}")
