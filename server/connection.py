@@ -83,6 +83,7 @@ __all__ = ["Connection"]
 log = logging.getLogger("streamdec.server")
 
 Status = Literal["completed", "cancelled", "error"]
+_monotonic = time.monotonic
 #: the largest header websockets puts before a server's (unmasked) binary frame
 _FRAME_HEADER_MAX = 10
 
@@ -286,6 +287,10 @@ class Connection:
         self._sending = False  # a send is under way (the writer's or a stream's): others queue behind it
         self._parked: deque[_Stream] = deque()  # streams whose audio waits for room in the outbox
         self._backlog = _Backlog(self.config.send_timeout)
+        # read for every message: bound once
+        self._metrics = server.metrics
+        self._write_limit = self.config.write_limit
+        self._hop = server.codec.hop_size
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -414,6 +419,33 @@ class Connection:
         if self._writable(len(data)):
             self._write_now(data)
             return True
+        return self._queue_audio(stream, data)
+
+    def _offer_audio_parts(self, stream: _Stream, header: bytes, payload: bytes) -> bool:
+        """:meth:`_offer_audio` of the message ``header + payload``, in one pass: a DirectMessages
+        connection that may write at once (the usual case) writes the frame's header, the message's header
+        and its payload as one buffer, the payload copied once; anything else takes the general path."""
+        size = len(header) + len(payload)
+        direct = self._direct
+        transport = self.ws.transport
+        if direct is not None and not self._sending and not self.outbox.items:
+            protocol = direct.protocol
+            buffered = transport.get_write_buffer_size()
+            if (
+                protocol.state is State.OPEN
+                and not protocol.writes
+                and not protocol.extensions
+                and not transport.is_closing()
+                and buffered + size + _FRAME_HEADER_MAX <= self._write_limit
+            ):
+                transport.write(b"".join((binary_frame_header(size), header, payload)))
+                self._backlog.after_send = transport.get_write_buffer_size()
+                self._metrics.bytes_out += size
+                return True
+        return self._offer_audio(stream, header + payload)
+
+    def _queue_audio(self, stream: _Stream, data: bytes) -> bool:
+        """Queue audio that cannot be written now behind what waits; park it when the outbox is full."""
         if len(self.outbox) < self.outbox.limit or self.outbox.closed:
             self._control(data)
             return True
@@ -487,7 +519,15 @@ class Connection:
         """A message handed over from inside websockets' ``data_received``: what fails here ends the
         connection as a failing reader task does, and the messages after it are not handled."""
         try:
-            self._on_message(message)
+            if type(message) is bytes:  # most messages: latents, without _on_message's dispatch
+                self.last_activity = _monotonic()
+                self._metrics.bytes_in += len(message)
+                try:
+                    self._on_latents(message)
+                except ProtocolError as exc:
+                    self._on_protocol_error(exc)
+            else:
+                self._on_message(message)
         except Exception as exc:
             self._stop_direct()
             self._end_by(exc)
@@ -592,27 +632,30 @@ class Connection:
                 stream.intake.end()  # every sentence is in: decode the rest, then done
 
     def _on_latents(self, data: bytes) -> None:
-        msg = self.state.receive_binary(data)
-        stream = self.streams[msg.stream]
+        stream_id, latents = self.state.receive_latents(data)
+        stream = self.streams[stream_id]
         if stream.first_latent_at is None:
-            stream.first_latent_at = time.monotonic()
-        if msg.latents.shape[0] > 0:  # an empty message only advances seq
-            stream.intake.put(msg.latents)
+            stream.first_latent_at = _monotonic()
+        if latents.shape[0] > 0:  # an empty message only advances seq
+            stream.intake.put(latents)
 
     # -- one stream --------------------------------------------------------------------------------
     def _on_tile(self, stream: _Stream, tile: Tile) -> bool:
         """A tile of ``stream`` came back from the engine; False pauses the stream (see _offer_audio)."""
         samples = tile.samples  # finite: the stream checked it (see _start)
-        if not stream.audio_sent and stream.first_latent_at is not None:
-            self.server.metrics.ttfa.observe(time.monotonic() - stream.first_latent_at)
-        stream.audio_sent = True
-        n_samples = int(samples.shape[1])  # read once: a tensor's shape is a call into torch
-        self.server.metrics.audio_samples += n_samples
+        if not stream.audio_sent:
+            stream.audio_sent = True
+            if stream.first_latent_at is not None:
+                self._metrics.ttfa.observe(_monotonic() - stream.first_latent_at)
+        # the tile's length, as its session checked it: reading a tensor's shape is a call into torch
+        n_samples = tile.frames * self._hop
+        self._metrics.audio_samples += n_samples
         if stream.opus is not None:
             self._encode(stream, partial(self._send_opus, stream, samples))
             return False  # paused until the encoder's worker thread is done
         # s16 from the tile, which converts its whole device call at once; floats (pcm_f32le) as numpy
-        return self._offer_audio(stream, self.state.audio(stream.id, samples, tile.pcm16, n_samples))
+        header, payload = self.state.audio_parts(stream.id, samples, tile.pcm16, n_samples)
+        return self._offer_audio_parts(stream, header, payload)
 
     def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:
         """``stream`` ended by itself: every tile went out (failure None), or bad input or the engine

@@ -42,7 +42,7 @@ from streamdec.errors import (
     TooManyStreamsError,
 )
 from streamdec.io import pcm16
-from streamdec.session import first_non_finite_row
+from streamdec.session import all_finite, first_non_finite_row
 
 __all__ = [
     "AUDIO_FORMATS",
@@ -98,6 +98,10 @@ LATENT_MAGIC = b"SDLT"
 AUDIO_MAGIC = b"SDAU"
 LATENT_HEADER = struct.Struct("<4sIII")  # magic, stream, seq, n_frames
 AUDIO_HEADER = struct.Struct("<4sIIQI")  # magic, stream, seq, start_sample, n_samples
+# bound once: every message of every stream packs or unpacks one
+_LATENT_HEADER_SIZE = LATENT_HEADER.size
+_unpack_latent_header = LATENT_HEADER.unpack_from
+_pack_audio_header = AUDIO_HEADER.pack
 MAX_STREAM_ID = 2**32 - 1
 
 #: latent dtype name -> torch dtype; every one is 2 or 4 bytes, little-endian on the wire
@@ -668,6 +672,11 @@ class _StreamState:
     buffered: int = 0  # frames accepted and not yet taken by the decoder (see ServerState.consumed)
     audio_seq: int = 0  # seq of the next audio message
     samples_out: int = 0  # samples per channel sent
+    # What every latent message of the stream is checked against, looked up once at its start: a
+    # frame's payload bytes (0: no latent message is expected), and the numpy dtype of its values (None
+    # where numpy lacks it: bfloat16)
+    frame_bytes: int = 0
+    np_dtype: np.dtype[Any] | None = None
 
 
 @dataclass
@@ -702,25 +711,64 @@ class ServerState:
 
     def receive_binary(self, data: bytes | bytearray | memoryview) -> LatentMessage:
         """Validate a latent message; errors that end the stream close its input before raising."""
-        if len(data) < LATENT_HEADER.size:
+        stream, latents = self.receive_latents(data)
+        return LatentMessage(stream, self._streams[stream].next_seq - 1, latents)
+
+    def receive_latents(self, data: bytes | bytearray | memoryview) -> tuple[int, np.ndarray | torch.Tensor]:
+        """:meth:`receive_binary` as ``(stream, latents)``, without the message object: what a server
+        runs for every latent message. The usual message (float32 or float16, every count within its
+        limit) passes one test of all of them; any other takes the checks that name what is wrong."""
+        if len(data) < _LATENT_HEADER_SIZE:
             raise _fail(
                 ErrorCode.BAD_MESSAGE,
                 f"binary message of {len(data)} bytes is shorter than the "
-                f"{LATENT_HEADER.size}-byte latent header",
+                f"{_LATENT_HEADER_SIZE}-byte latent header",
             )
-        magic, stream, seq, n_frames = LATENT_HEADER.unpack_from(data)
+        magic, stream, seq, n_frames = _unpack_latent_header(data)
+        state = self._streams.get(stream)
+        limits = self.limits
+        np_dtype = None if state is None else state.np_dtype
+        if (
+            np_dtype is None  # no such stream, or a dtype numpy lacks
+            or magic != LATENT_MAGIC
+            or not state.accepting  # type: ignore[union-attr]
+            or seq != state.next_seq  # type: ignore[union-attr]
+            or n_frames > limits.max_frames_per_message
+            or state.buffered + n_frames > limits.max_buffered_frames  # type: ignore[union-attr]
+            or len(data) - _LATENT_HEADER_SIZE != n_frames * state.frame_bytes  # type: ignore[union-attr]
+        ):
+            return stream, self._receive_checked(data, magic, stream, seq, n_frames)
+        assert state is not None
+        # writable memory of its own: one copy of the payload, which the message's bytes are not
+        latents = np.frombuffer(data, np_dtype, n_frames * self.codec.latent_dim, _LATENT_HEADER_SIZE).copy()
+        if not latents.dtype.isnative:  # pragma: no cover - no big-endian CI
+            latents = latents.astype(latents.dtype.newbyteorder("="))
+        latents = latents.reshape(n_frames, self.codec.latent_dim)
+        if not all_finite(latents):
+            state.accepting = False
+            raise self._non_finite(state, seq, latents)
+        state.next_seq = seq + 1
+        state.frames_in += n_frames
+        state.buffered += n_frames
+        return stream, latents
+
+    def _receive_checked(
+        self, data: bytes | bytearray | memoryview, magic: bytes, stream: int, seq: int, n_frames: int
+    ) -> np.ndarray | torch.Tensor:
+        """A latent message that failed the one test of :meth:`receive_latents`: every check in turn,
+        each raising with what it found (a bfloat16 stream's messages all come here and pass)."""
         if magic != LATENT_MAGIC:
             raise _fail(ErrorCode.BAD_MESSAGE, f"binary message magic {magic!r} is not {LATENT_MAGIC!r}")
         state = self._input_of(stream)
         try:
-            latents = self._check_latents(state, seq, n_frames, memoryview(data)[LATENT_HEADER.size :])
+            latents = self._check_latents(state, seq, n_frames, memoryview(data)[_LATENT_HEADER_SIZE:])
         except ProtocolError:
             state.accepting = False
             raise
         state.next_seq += 1
         state.frames_in += n_frames
         state.buffered += n_frames
-        return LatentMessage(stream, seq, latents)
+        return latents
 
     def produced(self, stream: int, n_frames: int) -> None:
         """The server's voice made ``n_frames`` latent frames of text stream ``stream`` (counted in done)."""
@@ -770,15 +818,22 @@ class ServerState:
                 stream,
             )
         latents = _latents_from_payload(payload, state.start.dtype, n_frames, dim)
-        bad = first_non_finite_row(latents.float().numpy() if isinstance(latents, torch.Tensor) else latents)
-        if bad is not None:
-            raise _fail(
-                ErrorCode.NON_FINITE,
-                f"latent frame {state.frames_in + bad} (message seq {seq}, row {bad}) holds NaN or Inf; "
-                "send finite values",
-                stream,
-            )
+        if not all_finite(latents.float().numpy() if isinstance(latents, torch.Tensor) else latents):
+            raise self._non_finite(state, seq, latents)
         return latents
+
+    @staticmethod
+    def _non_finite(state: _StreamState, seq: int, latents: np.ndarray | torch.Tensor) -> ProtocolError:
+        """The error for a message whose latents hold NaN or Inf: which frame, counted in the stream."""
+        values = latents.float().numpy() if isinstance(latents, torch.Tensor) else latents
+        bad = first_non_finite_row(values)
+        assert bad is not None
+        return _fail(
+            ErrorCode.NON_FINITE,
+            f"latent frame {state.frames_in + bad} (message seq {seq}, row {bad}) holds NaN or Inf; "
+            "send finite values",
+            state.start.stream,
+        )
 
     def _open(self, msg: Start) -> None:
         if msg.stream in self._streams:
@@ -806,7 +861,12 @@ class ServerState:
                 msg.stream,
             )
         # A text stream takes no input: its latents come from the server's voice.
-        self._streams[msg.stream] = _StreamState(msg, accepting=msg.text is None)
+        self._streams[msg.stream] = _StreamState(
+            msg,
+            accepting=msg.text is None,
+            frame_bytes=self.codec.latent_dim * _LATENT_ITEMSIZE[msg.dtype],
+            np_dtype=_NUMPY_LATENT_DTYPES.get(msg.dtype) if msg.text is None else None,
+        )
 
     def _input_of(self, stream: int) -> _StreamState:
         state = self._streams.get(stream)
@@ -847,6 +907,23 @@ class ServerState:
         state.audio_seq += 1
         state.samples_out += n_samples
         return data
+
+    def audio_parts(
+        self,
+        stream: int,
+        samples: torch.Tensor | np.ndarray,
+        s16: Callable[[], bytes] | None,
+        n_samples: int,
+    ) -> tuple[bytes, bytes]:
+        """:meth:`audio` as its header and its payload, not yet joined: a server that frames the message
+        itself writes the frame's header and both in one buffer, copying the payload once."""
+        state = self._streams[stream]
+        header = _pack_audio_header(AUDIO_MAGIC, stream, state.audio_seq, state.samples_out, n_samples)
+        state.audio_seq += 1
+        state.samples_out += n_samples
+        if state.start.format == "pcm_s16le":
+            return header, s16() if s16 is not None else pcm16(_float_samples(samples))
+        return header, _to_le_bytes(_float_samples(samples).T)
 
     def encoded_audio(self, stream: int, n_samples: int, payload: bytes) -> bytes:
         """The next audio message of ``stream`` in a compressed format: ``payload`` is what the encoder

@@ -61,6 +61,7 @@ DEFAULT_MAX_STEP = 16
 __all__ = ["ChunkSource", "DecoderStats", "PushStream", "StreamDecoder", "TileStream"]
 
 Chunks = AsyncIterable[Any] | Iterable[Any]
+_monotonic = time.monotonic
 
 
 @dataclass
@@ -389,13 +390,17 @@ class _StreamCore:
 
     def _tile(self, job: Job | StepJob, audio: DecodedAudio, began: float) -> Tile:
         """The checked tile of a finished call; the session learns how long the call took."""
-        now = time.monotonic()
-        self.session.decoded(now - began)
-        self._check_output(job, audio)
-        tile = self._complete(job, audio)
-        self.session.first_audio(now)
-        self.decoder._stats.tiles += 1
-        self.decoder._stats.frames += tile.frames
+        now = _monotonic()
+        session = self.session
+        session.decoded(now - began)
+        if not (session.allow_non_finite or audio.all_finite()):
+            self._check_output(job, audio)
+        # either kind of session completes its own kind of job (the stream cut it)
+        tile = session.complete(job, audio.samples, audio)  # type: ignore[arg-type]
+        session.first_audio(now)
+        stats = self.decoder._stats
+        stats.tiles += 1
+        stats.frames += tile.frames
         return tile
 
     def _check_output(self, job: Job | StepJob, audio: DecodedAudio) -> None:
@@ -605,6 +610,7 @@ class PushStream(_StreamCore):
         self._began = 0.0  # when it was submitted
         self._timer: asyncio.TimerHandle | None = None  # the flush time of the ready frames
         self._paused = False
+        self._on_result = self._done  # bound once: every call is submitted with it
 
     def pump(self) -> None:
         """Feed what the source holds and submit the next call when one is due (nothing if one is in
@@ -641,8 +647,17 @@ class PushStream(_StreamCore):
     def _next_job(self) -> Job | StepJob | None:
         """The next call, or None: finished (then ended), or waiting for a chunk (then a flush timer)."""
         session = self.session
+        take = self.source.take_ready
         while True:
-            ran_out = self._take_ready()
+            # the chunks at hand, up to what the next call can take (_take_ready, inline: every chunk
+            # of every stream passes here); ran_out: the source has none left
+            ran_out = False
+            while session.call_room > 0 and not session.ended:
+                chunk = take()
+                if chunk is None:
+                    ran_out = True
+                    break
+                session.feed(chunk)
             job = session.next_job()
             if job is not None:
                 return job
@@ -655,7 +670,7 @@ class PushStream(_StreamCore):
             elif not session.ended and self.source.exhausted:
                 session.end()
             else:
-                wait = session.flush_wait(time.monotonic())
+                wait = session.flush_wait(_monotonic())
                 if wait is not None:
                     self._timer = self._loop.call_later(wait, self._flush)
                 return None
@@ -677,10 +692,10 @@ class PushStream(_StreamCore):
             self.pump()
 
     def _submit(self, job: Job | StepJob) -> None:
-        now = time.monotonic()
+        now = _monotonic()
         self._job, self._began = job, now
         try:
-            self._call = self.decoder.engine.submit(self._request(job, now), self._done)
+            self._call = self.decoder.engine.submit(self._request(job, now), self._on_result)
         except Exception as exc:  # refused at once (a bad request, the engine closed)
             self._job = None
             self._finish(exc)

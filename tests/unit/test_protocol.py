@@ -133,6 +133,34 @@ def test_audio_with_its_sample_count_given_is_the_same_message() -> None:
     assert [(a.seq, a.start_sample, a.n_samples) for a in (first, second)] == [(0, 0, 10), (1, 10, 10)]
 
 
+@pytest.mark.parametrize("fmt", ["pcm_s16le", "pcm_f32le"])
+def test_audio_in_parts_joins_to_the_same_messages(fmt: str) -> None:
+    """audio_parts (header, payload) joins to the bytes audio() gives, and numbers the stream alike."""
+    samples = torch.rand(2, 10) - 0.5
+    whole, parts = state(), state()
+    for s in (whole, parts):
+        start(s, 1, format=fmt)
+    for _ in range(3):
+        header, payload = parts.audio_parts(1, samples, None, 10)
+        assert header + payload == whole.audio(1, samples)
+    assert parts.done(1, "completed") == whole.done(1, "completed")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_receive_latents_is_receive_binary_without_the_message(dtype: str) -> None:
+    """receive_latents returns the stream and the same latents as receive_binary, counting alike."""
+    with_message, without = state(), state()
+    for s in (with_message, without):
+        start(s, 2, dtype=dtype)
+    for seq in range(3):
+        data = encode_latents(2, seq, torch.randn(seq + 1, DIM), dtype)
+        msg = with_message.receive_binary(data)
+        stream, latents = without.receive_latents(data)
+        assert (stream, type(latents), latents.dtype) == (msg.stream, type(msg.latents), msg.latents.dtype)
+        assert torch.equal(torch.as_tensor(latents), torch.as_tensor(msg.latents))
+    assert without.done(2, "completed") == with_message.done(2, "completed")
+
+
 def test_state_numbers_audio_and_reports_done() -> None:
     """Audio seq counts 0, 1, …; start_sample accumulates; done reports frames in and samples out."""
     s = state()
