@@ -41,7 +41,7 @@ class DecoderOptions:
     simulated_cost_ms: str
     precision: str
     min_emit: int
-    max_emit: int
+    max_emit: int | None  # None: StreamDecoder's default for its mode
     inductor_cache: str | None = None
     #: stateful slots, as ``serve --max-streams-total N`` allocates N (None: the decoder's default)
     slots: int | None = None

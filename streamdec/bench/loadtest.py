@@ -82,7 +82,8 @@ class LoadSettings:
     streams_per_process: int = 200
     processes: int | None = None
     min_emit: int = 4
-    max_emit: int = 64
+    #: None: the server's own default (16-frame steps in stateful mode, 64-frame tiles in halo mode)
+    max_emit: int | None = None
     fmt: str = "pcm_s16le"
     seed: int = 0
     drain_s: float = 30.0
@@ -236,7 +237,9 @@ def stream_plans(n: int, s: LoadSettings, geo: CodecGeometry) -> list[StreamPlan
     """The ``n`` streams of a run: equal lengths, starts spread evenly over ``spread_s``."""
     frame_rate = geo.sample_rate / geo.hop_size
     frames = max(s.chunk_frames, round(s.seconds * frame_rate / s.chunk_frames) * s.chunk_frames)
-    decodable = first_window_chunk(geo.left, geo.right, s.min_emit, s.max_emit, frames, s.chunk_frames)
+    # The first window emits min_emit frames whatever the largest tile is, so min_emit stands in for it.
+    largest = s.min_emit if s.max_emit is None else s.max_emit
+    decodable = first_window_chunk(geo.left, geo.right, s.min_emit, largest, frames, s.chunk_frames)
     return [StreamPlan(i, s.seed + i, frames, s.spread_s * i / n, decodable) for i in range(n)]
 
 
@@ -605,7 +608,8 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
     a("--streams-per-process", type=int, default=d.streams_per_process, help="streams per client process")
     a("--processes", type=int, help="client processes (default: streams / --streams-per-process)")
     a("--min-emit", type=int, default=d.min_emit, help="the server's first tile, in frames")
-    a("--max-emit", type=int, default=d.max_emit, help="the server's largest tile, in frames")
+    a("--max-emit", type=int, default=d.max_emit,
+      help="the server's largest tile or step, in frames (default: the server's own)")  # fmt: skip
     a("--format", default=d.fmt, choices=["pcm_s16le", "pcm_f32le"], help="audio format of every stream")
     a("--seed", type=int, default=d.seed)
     a("--out", default="loadtest.json", help="JSON result, rewritten after every run")
@@ -659,7 +663,7 @@ def _serve_args(args: argparse.Namespace, s: LoadSettings) -> list[str]:
         "--max-connections-per-client", _UNLIMITED_CONNECTIONS, "--max-handshakes", _UNLIMITED_CONNECTIONS,
         "--max-streams-total", str(_most_streams(args)),
         "--max-streams", str(max(8, s.streams_per_connection)),
-        "--min-emit", str(s.min_emit), "--max-emit", str(s.max_emit),
+        "--min-emit", str(s.min_emit), *(() if s.max_emit is None else ("--max-emit", str(s.max_emit))),
         "--engine", args.engine, "--simulated-cost-ms", args.simulated_cost_ms, "--precision", args.precision,
         "--inductor-cache", args.inductor_cache, *args.server_arg,
     ]  # fmt: skip
