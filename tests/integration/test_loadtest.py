@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
+from streamdec.bench import loadtest
 from streamdec.bench.loadstats import parse_prometheus
 from support.server_support import running_server, tiny_codec
 
@@ -165,3 +167,17 @@ def test_serve_refuses_a_malformed_simulated_cost() -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "ConfigError" in done.stderr and "'fast'" in done.stderr and "FIXED,PER_FRAME" in done.stderr
+
+
+@pytest.mark.parametrize(("extra", "passed"), [([], None), (["--max-emit", "8"], "8")])
+def test_the_server_keeps_its_own_largest_step_unless_one_is_given(
+    extra: list[str], passed: str | None
+) -> None:
+    """A load test measures the server as it is started by default: it passes --max-emit only where its
+    own command line gives one."""
+    parser = argparse.ArgumentParser()
+    loadtest.configure_loadtest(parser)
+    args = parser.parse_args(["--streams", "4", *extra])
+    serve = loadtest._serve_args(args, loadtest._settings(args))
+    given = serve[serve.index("--max-emit") + 1] if "--max-emit" in serve else None
+    assert given == passed
