@@ -229,13 +229,19 @@ class _Intake:
         """Nothing at hand and nothing more will come."""
         return self._ended and not self._chunks
 
+    def has_input(self) -> bool:
+        """Whether the stream has something to take note of: a chunk :meth:`take_ready` would hand out, or
+        the end (see ``ChunkSource.take_ready``)."""
+        return self._ended or bool(self._chunks)
+
     def take_ready(self) -> Any:
         """A chunk already received, or None (none at hand, or the stream ended); never waits."""
         if not self._chunks:
             return None
         latents = self._chunks.popleft()
-        _wake(self._feeder)
-        self._state.consumed(self._stream, int(latents.shape[0]))
+        if self._feeder is not None:
+            _wake(self._feeder)
+        self._state.consumed(self._stream, len(latents))  # frames: a tensor's len is its shape[0] too
         return latents
 
 
@@ -632,7 +638,8 @@ class Connection:
                 stream.intake.end()  # every sentence is in: decode the rest, then done
 
     def _on_latents(self, data: bytes) -> None:
-        stream_id, latents = self.state.receive_latents(data)
+        # a view of the message's bytes: the stream's session copies what it buffers
+        stream_id, latents = self.state.receive_latents(data, view=True)
         stream = self.streams[stream_id]
         if stream.first_latent_at is None:
             stream.first_latent_at = _monotonic()
@@ -654,7 +661,10 @@ class Connection:
             self._encode(stream, partial(self._send_opus, stream, samples))
             return False  # paused until the encoder's worker thread is done
         # s16 from the tile, which converts its whole device call at once; floats (pcm_f32le) as numpy
-        header, payload = self.state.audio_parts(stream.id, samples, tile.pcm16, n_samples)
+        s16 = tile.s16_source  # its engine's conversion straight away, without the tile's layer
+        header, payload = self.state.audio_parts(
+            stream.id, samples, tile.pcm16 if s16 is None else s16.pcm16, n_samples
+        )
         return self._offer_audio_parts(stream, header, payload)
 
     def _decoded(self, stream: _Stream, failure: BaseException | None) -> None:

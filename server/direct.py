@@ -26,6 +26,7 @@ websockets itself holds nothing to send before them.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,12 @@ _FIN_TEXT, _FIN_BINARY = 0x81, 0x82  # first header byte of a whole (FIN, no RSV
 _MASKED = 0x80
 _DATA_OPCODES = (Opcode.CONT.value, Opcode.TEXT.value, Opcode.BINARY.value)
 _AT_EOF = StreamReader.at_eof.__code__
+_OPEN = State.OPEN  # compared for every frame split here
+
+
+# the two longer headers, packed in one call each (every audio message takes one)
+_pack_header16 = struct.Struct("!BBH").pack
+_pack_header64 = struct.Struct("!BBQ").pack
 
 
 def binary_frame_header(size: int) -> bytes:
@@ -52,8 +59,8 @@ def binary_frame_header(size: int) -> bytes:
     if size < 126:
         return bytes((_FIN_BINARY, size))
     if size < 1 << 16:
-        return bytes((_FIN_BINARY, 126)) + size.to_bytes(2, "big")
-    return bytes((_FIN_BINARY, 127)) + size.to_bytes(8, "big")
+        return _pack_header16(_FIN_BINARY, 126, size)
+    return _pack_header64(_FIN_BINARY, 127, size)
 
 
 class DirectMessages(ServerConnection):
@@ -95,17 +102,17 @@ class DirectMessages(ServerConnection):
         limit = self._limit
         waiting = self._waiting
         while pos < end:
-            if self.on_message is None or self.protocol.state is not State.OPEN:
+            if self.on_message is None or self.protocol.state is not _OPEN:
                 self._stop_splitting(buf[pos:])
                 return
             if end - pos < 2:
                 break
             first, second = buf[pos], buf[pos + 1]
             size, head = second & 0x7F, 2
-            if size == 126:
+            if size == 126:  # most latent messages: a 16-bit length, read without slicing the buffer
                 if end - pos < 4:
                     break
-                size, head = int.from_bytes(buf[pos + 2 : pos + 4], "big"), 4
+                size, head = buf[pos + 2] << 8 | buf[pos + 3], 4
             elif size == 127:
                 if end - pos < 10:
                     break

@@ -714,10 +714,15 @@ class ServerState:
         stream, latents = self.receive_latents(data)
         return LatentMessage(stream, self._streams[stream].next_seq - 1, latents)
 
-    def receive_latents(self, data: bytes | bytearray | memoryview) -> tuple[int, np.ndarray | torch.Tensor]:
+    def receive_latents(
+        self, data: bytes | bytearray | memoryview, *, view: bool = False
+    ) -> tuple[int, np.ndarray | torch.Tensor]:
         """:meth:`receive_binary` as ``(stream, latents)``, without the message object: what a server
         runs for every latent message. The usual message (float32 or float16, every count within its
-        limit) passes one test of all of them; any other takes the checks that name what is wrong."""
+        limit) passes one test of all of them; any other takes the checks that name what is wrong.
+
+        ``view=True``: latents of an immutable ``bytes`` message may be a read-only view of it instead of
+        a copy (a caller that keeps them copies them, as a session does when it buffers a chunk)."""
         if len(data) < _LATENT_HEADER_SIZE:
             raise _fail(
                 ErrorCode.BAD_MESSAGE,
@@ -739,8 +744,9 @@ class ServerState:
         ):
             return stream, self._receive_checked(data, magic, stream, seq, n_frames)
         assert state is not None
-        # writable memory of its own: one copy of the payload, which the message's bytes are not
-        latents = np.frombuffer(data, np_dtype, n_frames * self.codec.latent_dim, _LATENT_HEADER_SIZE).copy()
+        latents = np.frombuffer(data, np_dtype, n_frames * self.codec.latent_dim, _LATENT_HEADER_SIZE)
+        if not view or type(data) is not bytes:  # memory of its own, writable (a bytearray may change)
+            latents = latents.copy()
         if not latents.dtype.isnative:  # pragma: no cover - no big-endian CI
             latents = latents.astype(latents.dtype.newbyteorder("="))
         latents = latents.reshape(n_frames, self.codec.latent_dim)

@@ -306,6 +306,12 @@ class _Intake:
         each carrying one chunk while the backlog grows."""
         raise NotImplementedError
 
+    def awaits_input(self) -> bool:
+        """True only when nothing but a new chunk or the end can make a call due: no frame is pending,
+        the stream has not ended, and no flush could be due (``next_job`` is None, ``flush_wait`` None,
+        ``finished`` False). False says nothing (the caller asks the session itself)."""
+        return False
+
     # -- pacing: pure, the caller passes its clock ---------------------------------------------------
     def deadline(self, now: float) -> float:
         """When this stream's listener runs out of audio (see :meth:`FlushPolicy.deadline`)."""
@@ -566,6 +572,10 @@ class StatefulSession(_Intake):
     @property
     def call_room(self) -> int:
         return max(0, self._largest_call[self.primed] - (self.received - self.fed))
+
+    def awaits_input(self) -> bool:
+        # primed, every received frame handed to a call, not ended: next_job has nothing to cut
+        return self.primed and not self.ended and not self._done and self.received == self.fed
 
     def next_job(self, *, flush: bool = False) -> StepJob | None:
         """The next call, or None until one is due. ``flush``: the listener is about to run dry, so any

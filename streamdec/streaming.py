@@ -567,7 +567,10 @@ class ChunkSource(Protocol):
     """What a :class:`PushStream` reads its chunks from: a queue its owner fills and ends."""
 
     def take_ready(self) -> Any:
-        """The next chunk if one is at hand, else None; never waits."""
+        """The next chunk if one is at hand, else None; never waits.
+
+        A source may also offer ``has_input() -> bool``: True when ``take_ready`` would return a chunk or
+        the producer ended, which lets a stream whose call came back skip looking when neither holds."""
 
     @property
     def exhausted(self) -> bool:
@@ -611,6 +614,8 @@ class PushStream(_StreamCore):
         self._timer: asyncio.TimerHandle | None = None  # the flush time of the ready frames
         self._paused = False
         self._on_result = self._done  # bound once: every call is submitted with it
+        # a source that can say whether it holds a chunk or ended, without handing a chunk out (optional)
+        self._has_input: Callable[[], bool] | None = getattr(source, "has_input", None)
 
     def pump(self) -> None:
         """Feed what the source holds and submit the next call when one is due (nothing if one is in
@@ -714,6 +719,11 @@ class PushStream(_StreamCore):
             return
         if not go_on:
             self._paused = True
+        elif self.session.awaits_input() and self._has_input is not None and not self._has_input():
+            # No chunk at hand, no end, and nothing to decode or flush: the pump would only find that
+            # out (the next chunk's put, or the end, pumps). Most tiles end here: their chunk came alone
+            # and went whole into its call.
+            return
         self.pump()
 
     def _finish(self, error: BaseException | None) -> None:

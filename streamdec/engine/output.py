@@ -27,7 +27,7 @@ class CallOutput:
     """One device call's audio for its live rows, ``[rows, channels, samples]`` float32 on the CPU, owned
     (it aliases no engine buffer). Requests' :class:`DecodedAudio` are views of it."""
 
-    __slots__ = ("_all_finite", "_rows", "_s16", "finite_rows", "samples")
+    __slots__ = ("_all_finite", "_rows", "_s16", "_s16_bytes", "finite_rows", "samples")
 
     def __init__(self, samples: torch.Tensor) -> None:
         self.samples = samples
@@ -42,6 +42,7 @@ class CallOutput:
         # torch op) releases it and takes it back, a hand-off to a waiting event loop on every call
         self._rows = list(map(torch.from_numpy, values))
         self._s16: np.ndarray | None = None
+        self._s16_bytes: bytes | None = None  # the s16 block interleaved, [rows, samples, channels]
 
     def part(self, row: int, lo: int, hi: int) -> DecodedAudio:
         """Samples ``lo:hi`` of ``row`` (a view)."""
@@ -62,6 +63,18 @@ class CallOutput:
                     s16 = s16_values(values)
             self._s16 = s16
         return s16
+
+    def s16_bytes(self, row: int, lo: int, hi: int) -> bytes:
+        """Samples ``lo:hi`` of ``row`` as interleaved little-endian s16: a slice of the whole block's
+        interleaved bytes, made once (one pass over the block) on the first part's call, so each
+        part costs a bytes slice, not a numpy view, a transpose and a copy of its own."""
+        blob = self._s16_bytes
+        block = self.s16()
+        if blob is None:
+            blob = self._s16_bytes = block.transpose(0, 2, 1).tobytes()
+        _, channels, width = block.shape
+        start = row * width * channels
+        return blob[(start + lo * channels) * 2 : (start + hi * channels) * 2]
 
 
 class DecodedAudio:
@@ -93,4 +106,4 @@ class DecodedAudio:
         call = self._call
         if call is None:
             return pcm16(self.samples)
-        return call.s16()[self._row, :, self._lo : self._hi].T.tobytes()
+        return call.s16_bytes(self._row, self._lo, self._hi)

@@ -51,6 +51,13 @@ class _Source:
         self.listener()
 
 
+class _TellingSource(_Source):
+    """A source that also says whether it holds input (a chunk or the end), as a server's intake does."""
+
+    def has_input(self) -> bool:
+        return self.ended or bool(self.chunks)
+
+
 class _Listener:
     """Collects a push stream's tiles and its end; ``keep_going`` is what on_tile answers."""
 
@@ -74,8 +81,8 @@ class _Listener:
         return torch.cat([t.samples for t in self.tiles], dim=-1)
 
 
-def _open(dec: StreamDecoder, **kwargs: Any) -> tuple[Any, _Source, _Listener]:
-    source, listener = _Source(), _Listener()
+def _open(dec: StreamDecoder, telling: bool = False, **kwargs: Any) -> tuple[Any, _Source, _Listener]:
+    source, listener = (_TellingSource() if telling else _Source()), _Listener()
     stream = dec.push_stream(source, listener.on_tile, listener.on_end, **kwargs)
     source.listener = stream.pump
     return stream, source, listener
@@ -87,18 +94,25 @@ def _open(dec: StreamDecoder, **kwargs: Any) -> tuple[Any, _Source, _Listener]:
     pause_every=st.integers(0, 3),
     mode=st.sampled_from(["stateful", "halo"]),
     seed=st.integers(0, 2**16),
+    telling=st.booleans(),
 )
 def test_pushed_equals_offline_for_every_chunking(
-    codec: Any, chunks: list[int], pause_every: int, mode: Literal["stateful", "halo"], seed: int
+    codec: Any,
+    chunks: list[int],
+    pause_every: int,
+    mode: Literal["stateful", "halo"],
+    seed: int,
+    telling: bool,
 ) -> None:
-    """For all chunkings, with the loop let run between some puts or not: push_stream's audio is decode()'s."""
+    """For all chunkings, with the loop let run between some puts or not, from a source that says whether
+    it holds input or not: push_stream's audio is decode()'s."""
     total = max(sum(chunks), 1)
     latents = torch.randn(total, codec.latent_dim, generator=torch.Generator().manual_seed(seed))
 
     async def run() -> tuple[torch.Tensor, torch.Tensor]:
         engine = simulated_engine(codec, max_streams=4 if mode == "stateful" else 0)
         async with StreamDecoder(codec, engine=engine, mode=mode, max_emit=16) as dec:
-            _, source, listener = _open(dec)
+            _, source, listener = _open(dec, telling)
             begin = 0
             for i, n in enumerate([*chunks[:-1], total - sum(chunks[:-1])]):
                 source.put(latents[begin : begin + n].numpy())
@@ -137,6 +151,19 @@ async def test_close_withdraws_the_call_in_flight_and_gives_the_slot_back(codec:
         release.set()
         await asyncio.sleep(0.05)  # the device finishes; its result must go nowhere
         assert listener.tiles == [] and not listener.ended.done()
+
+
+async def test_an_end_that_comes_while_a_call_is_in_flight_still_flushes_the_stream(codec: Any) -> None:
+    """A source that says it holds no chunk but has ended: the returning call's stream flushes and ends."""
+    engine, entered, release = _held_engine(codec)
+    async with StreamDecoder(codec, engine=engine, max_emit=16) as dec:
+        _, source, listener = _open(dec, telling=True)
+        source.put(np.zeros((40, codec.latent_dim), np.float32))
+        await asyncio.to_thread(entered.wait, 10)  # the prime is on the device
+        source.end()  # its pump finds the call in flight and does nothing
+        release.set()
+        assert await listener.ended is None
+        assert listener.audio().shape[-1] == 40 * codec.hop_size
 
 
 async def test_a_paused_stream_submits_nothing_until_resumed(codec: Any) -> None:

@@ -161,6 +161,19 @@ def test_receive_latents_is_receive_binary_without_the_message(dtype: str) -> No
     assert without.done(2, "completed") == with_message.done(2, "completed")
 
 
+def test_receive_latents_may_view_immutable_bytes_but_copies_a_bytearray() -> None:
+    """view=True: latents of a bytes message may be a read-only view of it; a bytearray's are a copy."""
+    s = state()
+    start(s, 1)
+    data = encode_latents(1, 0, torch.ones(2, DIM))
+    _, viewed = s.receive_latents(data, view=True)
+    assert np.array_equal(viewed, np.ones((2, DIM), np.float32))
+    mutable = bytearray(encode_latents(1, 1, torch.ones(2, DIM)))
+    _, copied = s.receive_latents(mutable, view=True)
+    mutable[LATENT_HEADER.size :] = bytes(len(mutable) - LATENT_HEADER.size)
+    assert np.array_equal(copied, np.ones((2, DIM), np.float32)) and copied.flags.writeable
+
+
 def test_state_numbers_audio_and_reports_done() -> None:
     """Audio seq counts 0, 1, …; start_sample accumulates; done reports frames in and samples out."""
     s = state()

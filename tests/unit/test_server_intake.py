@@ -54,6 +54,18 @@ def test_take_ready_never_waits_and_counts_what_was_taken() -> None:
     assert intake.take_ready() is None
 
 
+def test_has_input_says_whether_a_chunk_or_the_end_waits() -> None:
+    """has_input is True while a chunk is at hand and once the stream ended, else False."""
+    intake, _ = _intake()
+    assert not intake.has_input()
+    intake.put(_chunk(1))
+    assert intake.has_input()
+    intake.take_ready()
+    assert not intake.has_input()
+    intake.end()
+    assert intake.has_input() and intake.take_ready() is None
+
+
 async def test_a_voice_waits_for_room_then_fails_once_the_stream_is_gone() -> None:
     """feed waits while the intake holds its capacity, resumes when a chunk is taken, raises after close."""
     intake, _ = _intake(capacity=1)
