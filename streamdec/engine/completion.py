@@ -161,9 +161,17 @@ class Inflight:
                 output = _call_output(host, self.owned)
         else:
             output = _call_output(host, self.owned)
+        # A call's waiters almost always share one loop: its mailbox's list is looked up once per run
+        # of waiters on it, not per waiter (setdefault would also build an empty list for each).
+        mailbox: Mailbox | None = None
+        results: list[Result] = []
+        part = output.part
         for w in live:
             a = w.awaiting
-            posts.setdefault(a.mailbox, []).append((a, output.part(w.row, w.lo, w.hi), None))
+            if a.mailbox is not mailbox:
+                mailbox = a.mailbox
+                results = posts.setdefault(mailbox, [])
+            results.append((a, part(w.row, w.lo, w.hi), None))
 
     def fail(self, error: BaseException) -> None:
         posts: _Posts = {}

@@ -27,7 +27,7 @@ class CallOutput:
     """One device call's audio for its live rows, ``[rows, channels, samples]`` float32 on the CPU, owned
     (it aliases no engine buffer). Requests' :class:`DecodedAudio` are views of it."""
 
-    __slots__ = ("_all_finite", "_rows", "_s16", "_s16_bytes", "finite_rows", "samples")
+    __slots__ = ("_all_finite", "_rows", "_s16", "_s16_bytes", "_width", "finite_rows", "samples")
 
     def __init__(self, samples: torch.Tensor) -> None:
         self.samples = samples
@@ -41,13 +41,14 @@ class CallOutput:
         # each row's view, over the block's memory: torch.from_numpy keeps the GIL, where unbind (as any
         # torch op) releases it and takes it back, a hand-off to a waiting event loop on every call
         self._rows = list(map(torch.from_numpy, values))
+        self._width = int(values.shape[-1])  # samples per row: a part of all of them is the row itself
         self._s16: np.ndarray | None = None
         self._s16_bytes: bytes | None = None  # the s16 block interleaved, [rows, samples, channels]
 
     def part(self, row: int, lo: int, hi: int) -> DecodedAudio:
         """Samples ``lo:hi`` of ``row`` (a view)."""
         samples = self._rows[row]
-        if lo != 0 or hi != samples.shape[-1]:
+        if lo != 0 or hi != self._width:
             samples = samples[:, lo:hi]
         return DecodedAudio(samples, self, row, lo, hi)
 

@@ -101,7 +101,9 @@ def sine_period(hop: int) -> torch.Tensor:
     return torch.sin(torch.arange(hop, dtype=torch.float64) * (2 * math.pi / hop)).float()
 
 
-def stand_in_frames(first: torch.Tensor | np.ndarray, period: torch.Tensor, channels: int) -> torch.Tensor:
+def stand_in_frames(
+    first: torch.Tensor | np.ndarray, period: torch.Tensor | np.ndarray, channels: int
+) -> torch.Tensor:
     """``[..., channels, n * hop]`` float32 stand-in audio of frames whose first latent is ``first`` ``[..., n]``.
 
     The gain is computed in float64 and rounded once: a vectorised ``tanh`` may take another path for a
@@ -111,7 +113,8 @@ def stand_in_frames(first: torch.Tensor | np.ndarray, period: torch.Tensor, chan
     """
     values = first.numpy() if isinstance(first, torch.Tensor) else first
     gain = (0.2 + 0.3 * np.tanh(values.astype(np.float64))).astype(np.float32)  # never silent, inside [-1, 1]
-    mono = (gain[..., :, None] * period.numpy()).reshape(*gain.shape[:-1], 1, -1)  # [..., 1, n * hop], fresh
+    wave = period if isinstance(period, np.ndarray) else period.numpy()
+    mono = (gain[..., :, None] * wave).reshape(*gain.shape[:-1], 1, -1)  # [..., 1, n * hop], fresh
     if channels > 1:
         mono = np.broadcast_to(mono, (*mono.shape[:-2], channels, mono.shape[-1])).copy()
     return torch.from_numpy(mono)
@@ -141,6 +144,7 @@ class SimulatedTier:
 
     def __post_init__(self) -> None:
         self.period = sine_period(self.hop)
+        self._wave = self.period.numpy()  # what each call multiplies, read once
         self.tails = np.zeros((self.slots + 1, self.right_frames), np.float32)  # [slots + 1, right_frames]
 
     def windows(self, latents: torch.Tensor | np.ndarray, lo: int, hi: int) -> torch.Tensor:
@@ -148,7 +152,7 @@ class SimulatedTier:
         their first latents alone, ``[rows, frames]``)."""
         first = _first_of_frames(latents)
         self._wait([int(first.shape[1])] * int(first.shape[0]))
-        return stand_in_frames(first[:, lo:hi], self.period, self.channels)
+        return stand_in_frames(first[:, lo:hi], self._wave, self.channels)
 
     def call(
         self, kind: str, slots: torch.Tensor | np.ndarray, latents: torch.Tensor | np.ndarray
@@ -168,9 +172,11 @@ class SimulatedTier:
         emitted = n - r if kind == "prime" else n if kind == "step" else n + r
         if kind != "flush":
             self.tails[rows] = seq[:, seq.shape[1] - r :]
-        return stand_in_frames(seq[:, :emitted], self.period, self.channels)
+        return stand_in_frames(seq[:, :emitted], self._wave, self.channels)
 
     def _wait(self, window_frames: list[int]) -> None:
+        if not (self.cost.fixed_ms or self.cost.per_frame_ms):
+            return  # cost 0,0 (the host path alone): nothing to wait
         delay = call_seconds(self.cost, window_frames)
         if delay > 0:
             self.sleep(delay)
