@@ -33,7 +33,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,28 +63,40 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class CompileReport:
+class _Report:
+    """What one step did with a warm-up's variants; a variant it failed is left to its first launch."""
+
     variants: int
-    workers: int
     seconds: float
     failed: int = 0
     first_error: str = ""
 
     def describe(self) -> str:
         failed = f", {self.failed} left to their first launch ({self.first_error})" if self.failed else ""
-        return f"{self.variants} Triton variants compiled in {self.workers} processes in {self.seconds:.1f} s{failed}"
+        return f"{self.variants} Triton variants {self._done()} in {self.seconds:.1f} s{failed}"
+
+    def _done(self) -> str:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class LoadReport:
-    variants: int
-    seconds: float
-    failed: int = 0
-    first_error: str = ""
+class CompileReport(_Report):
+    workers: int = field(kw_only=True)
 
-    def describe(self) -> str:
-        failed = f", {self.failed} left to their first launch ({self.first_error})" if self.failed else ""
-        return f"{self.variants} Triton variants loaded in {self.seconds:.1f} s{failed}"
+    def _done(self) -> str:
+        return f"compiled in {self.workers} processes"
+
+
+@dataclass(frozen=True)
+class LoadReport(_Report):
+    def _done(self) -> str:
+        return "loaded"
+
+
+def _failures(errors: list[BaseException]) -> dict[str, Any]:
+    """A report's failure fields: how many, and the first one's type and message."""
+    first = f"{type(errors[0]).__name__}: {errors[0]}"[:200] if errors else ""
+    return {"failed": len(errors), "first_error": first}
 
 
 class _Skipped:
@@ -149,7 +161,7 @@ def compile_variants(variants: list[Variant], target: Any, workers: int | None =
     began = time.perf_counter()
     count = min(len(variants), workers or default_workers())
     if count == 0:
-        return CompileReport(0, 0, 0.0)
+        return CompileReport(0, 0.0, workers=0)
     errors: list[BaseException] = []
     context = multiprocessing.get_context("spawn")  # this process holds CUDA: never fork it
     with concurrent.futures.ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
@@ -158,8 +170,7 @@ def compile_variants(variants: list[Variant], target: Any, workers: int | None =
             error = future.exception()
             if error is not None:
                 errors.append(error)
-    first = f"{type(errors[0]).__name__}: {errors[0]}"[:200] if errors else ""
-    return CompileReport(len(variants), count, time.perf_counter() - began, len(errors), first)
+    return CompileReport(len(variants), time.perf_counter() - began, workers=count, **_failures(errors))
 
 
 def load_variants(variants: list[Variant]) -> LoadReport:
@@ -182,8 +193,7 @@ def load_variants(variants: list[Variant]) -> LoadReport:
             compiled._init_handles()  # the module load a first launch would do (never mid-capture)
         except Exception as exc:
             errors.append(exc)
-    first = f"{type(errors[0]).__name__}: {errors[0]}"[:200] if errors else ""
-    return LoadReport(len(variants), time.perf_counter() - began, len(errors), first)
+    return LoadReport(len(variants), time.perf_counter() - began, **_failures(errors))
 
 
 def warm_marker(fingerprint: str) -> Path:
