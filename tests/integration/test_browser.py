@@ -65,16 +65,28 @@ def _open(tab: Page, served: Served, query: str = "") -> Any:
 def _play(page: Any, latents: torch.Tensor, fmt: str = "pcm_s16le") -> dict[str, Any]:
     """Streams ``latents`` from the page at real-time pace and waits until the player played them out."""
     frames, dim = latents.shape
+    previous = _last_stream_id(page)
     page.evaluate(
         "([values, frames, dim, fmt]) => { window.playing = window.streamdecPlayer.playLatents(values, frames, dim, fmt); }",
         [latents.flatten().tolist(), frames, dim, fmt],
     )
-    return _until_drained(page)
+    return _until_drained(page, previous)
 
 
-def _until_drained(page: Any) -> dict[str, Any]:
+def _last_stream_id(page: Any) -> int | None:
+    return page.evaluate("window.streamdecPlayer.lastStream()?.id ?? null")
+
+
+def _until_drained(page: Any, previous: int | None = None) -> dict[str, Any]:
+    """Waits until a stream other than ``previous`` has finished and the player has played it out.
+
+    The page still shows the previous stream, drained, until the next one starts: waiting on the state
+    alone would return that one's summary.
+    """
     page.wait_for_function(
-        "window.streamdecPlayer.lastStream() && window.streamdecPlayer.stats().state === 'drained'",
+        "(previous) => { const last = window.streamdecPlayer.lastStream(); "
+        "return last !== null && last.id !== previous && window.streamdecPlayer.stats().state === 'drained'; }",
+        arg=previous,
         timeout=WAIT_MS,
     )
     return {
@@ -224,11 +236,11 @@ def test_opus_plays_in_step_with_the_pcm_decode_at_a_fifth_of_the_bytes(tab: Pag
 
 def _speak(page: Any, fmt: str) -> dict[str, Any]:
     """Types DEMO_TEXT, picks ``fmt`` in the format menu, clicks Speak; waits until the player drained."""
+    previous = _last_stream_id(page)
     page.fill("#text", DEMO_TEXT)
     page.select_option("#format", fmt)
     page.click("#speak")
-    page.wait_for_function("window.streamdecPlayer.lastStream()?.format === " + repr(fmt), timeout=WAIT_MS)
-    return _until_drained(page)
+    return _until_drained(page, previous)
 
 
 @pytest.mark.skipif(not _has_voice(), reason="needs the voice extra: pip install -e '.[voice]'")
