@@ -21,7 +21,12 @@ from torch import Tensor, nn
 
 from streamdec.codecs.config import JSONConfig
 from streamdec.codecs.geometry import Interval, frame_context
-from streamdec.codecs.layers import all_convs_on_triton_split, refresh_caches, set_split_convs
+from streamdec.codecs.layers import (
+    all_convs_on_triton_split,
+    any_conv_may_take_triton,
+    refresh_caches,
+    set_split_convs,
+)
 from streamdec.codecs.precision import AUTO_PREFERENCE, Precision, check_precision
 from streamdec.errors import ConfigError, DTypeError, ShapeError
 
@@ -136,6 +141,9 @@ class Codec(nn.Module, abc.ABC):
         ``"fp32"`` otherwise, including wherever some layer would fall back to the cuDNN split (less
         accurate; ``docs/precision.md``). ``streamdec serve --precision auto`` calls this.
         """
+        if not any_conv_may_take_triton(self):  # a CPU, or no Triton: trying each split would split
+            self.precision = "fp32"  # every weight twice (about a second for auk-24k) to land here
+            return "fp32"
         for choice in AUTO_PREFERENCE:
             try:
                 self.precision = choice

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from streamdec.codecs import ModuleCodec, load_codec
 from streamdec.codecs.layers import PaddedConv1d, SplitConv, routing
+from streamdec.codecs.layers import conv as conv_layers
 from streamdec.codecs.precision import PRECISIONS
 from streamdec.errors import ConfigError
 from streamdec.kernels.split import split_input, split_tf32, split_weight
@@ -177,9 +178,16 @@ def test_split_path_computes_the_same_decode(name: str, monkeypatch: pytest.Monk
     assert not np.isnan(split_err)
 
 
-def test_auto_precision_is_fp32_off_the_triton_path() -> None:
-    """On the CPU no convolution takes the Triton split, so auto picks fp32 and leaves no split cache."""
+def test_auto_precision_is_fp32_off_the_triton_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU no convolution takes the Triton split, so auto picks fp32 without splitting a weight to
+    find that out, and leaves no split cache."""
     codec = load_codec("tiny")
+
+    def no_split(*args: object, **kwargs: object) -> None:
+        raise AssertionError("auto precision split a weight on the CPU")
+
+    monkeypatch.setattr(conv_layers, "split_weight", no_split)
+    monkeypatch.setattr(conv_layers, "pack_split_weight", no_split)
     assert codec.use_auto_precision() == "fp32"
     assert codec.precision == "fp32"
     assert all(

@@ -31,7 +31,12 @@ from streamdec.codecs.layers.conv import (
     SplitConv,
     polyphase_weight,
 )
-from streamdec.codecs.layers.switches import all_convs_on_triton_split, refresh_caches, set_split_convs
+from streamdec.codecs.layers.switches import (
+    all_convs_on_triton_split,
+    any_conv_may_take_triton,
+    refresh_caches,
+    set_split_convs,
+)
 
 __all__ = [
     "FILTER_CUTOFF",
@@ -47,6 +52,7 @@ __all__ = [
     "SnakeBeta",
     "SplitConv",
     "all_convs_on_triton_split",
+    "any_conv_may_take_triton",
     "kaiser_sinc_filter",
     "polyphase_weight",
     "refresh_caches",

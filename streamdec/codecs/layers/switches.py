@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from streamdec.codecs.layers import routing
 from streamdec.codecs.layers.activation import AliasFreeActivation, SnakeBeta
 from streamdec.codecs.layers.conv import SplitConv
 from streamdec.errors import ConfigError
 
-__all__ = ["all_convs_on_triton_split", "refresh_caches", "set_split_convs"]
+__all__ = ["all_convs_on_triton_split", "any_conv_may_take_triton", "refresh_caches", "set_split_convs"]
 
 
 def refresh_caches(module: nn.Module) -> None:
@@ -29,6 +30,15 @@ def all_convs_on_triton_split(module: nn.Module, *, f16: bool = False) -> bool:
     if f16:
         return bool(convs) and all(sub.packed_f16 is not None for sub in convs)
     return bool(convs) and all(sub.packed_split is not None or sub.packed_f16 is not None for sub in convs)
+
+
+def any_conv_may_take_triton(module: nn.Module) -> bool:
+    """Whether any convolution of ``module`` could run through a Triton split kernel where it is now (its
+    weight's device and dtype, the kernels on): when none could, no split precision beats ``"fp32"``,
+    and finding that out by splitting every weight is not needed."""
+    return any(
+        routing.triton_conv_supported(sub.weight) for sub in module.modules() if isinstance(sub, SplitConv)
+    )
 
 
 def set_split_convs(module: nn.Module, enabled: bool, *, f16: bool = False, products: int = 3) -> None:
