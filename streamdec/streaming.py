@@ -155,6 +155,9 @@ class StreamDecoder:
         if self.mode == "stateful" and engine.max_streams < 1:
             raise ConfigError("mode='stateful' needs an engine built with max_streams >= 1")
         self.engine = engine
+        # Every session pads with it: read once on the host (the engine took its own copy when it was
+        # built), not computed from the codec's buffers, and copied off its device, at each stream's start.
+        self._pad_latent = codec.pad_latent.detach().to("cpu", torch.float32)
         self._stats = DecoderStats(mode=self.mode)
         self._ids = itertools.count()
         self._closed = False
@@ -259,7 +262,7 @@ class StreamDecoder:
         options = SessionOptions(
             latent_dim=self.codec.latent_dim,
             hop_size=self.codec.hop_size,
-            pad_latent=self.codec.pad_latent,
+            pad_latent=self._pad_latent,
             allow_non_finite=self.allow_non_finite if allow_non_finite is None else allow_non_finite,
             latents_checked=latents_checked,
             flush_policy=self.flush_policy,
