@@ -703,7 +703,7 @@ class PushStream(_StreamCore):
         now = _monotonic()
         self._job, self._began = job, now
         try:
-            self._call = self.decoder.engine.submit(self._request(job, now), self._on_result)
+            self._call = self.decoder.engine.submit(self._request(job, now), self._on_result, self._loop)
         except Exception as exc:  # refused at once (a bad request, the engine closed)
             self._job = None
             self._finish(exc)

@@ -174,13 +174,22 @@ class Engine(abc.ABC):
             return DecodedAudio(await self.decode_step(request))
         return DecodedAudio(await self.decode_window(request))
 
-    def submit(self, request: WindowRequest | StepRequest, on_done: OnDone) -> Submission:
+    def submit(
+        self,
+        request: WindowRequest | StepRequest,
+        on_done: OnDone,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Submission:
         """Queue ``request`` from the running event loop without awaiting it: ``on_done`` is called on that
         loop once, with the audio (as :meth:`decode_request` returns it) or the error, never from inside
         this call, unless the returned submission is cancelled first. A request an engine refuses at once
-        (bad shape, engine closed) may raise here instead. This default runs :meth:`decode_request` by
-        callbacks (:class:`CallbackCall`)."""
-        call = CallbackCall(asyncio.get_running_loop(), self.decode_request(request), on_done)
+        (bad shape, engine closed) may raise here instead. ``loop`` is that running loop where the caller
+        holds it: a caller that submits for every chunk passes it, because asking asyncio for it costs a
+        system call on Python 3.11 (its check of the process id). This default runs
+        :meth:`decode_request` by callbacks (:class:`CallbackCall`)."""
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        call = CallbackCall(loop, self.decode_request(request), on_done)
         call.start_soon()
         return call
 

@@ -466,7 +466,12 @@ class DecodeEngine(Engine):
             submission.cancel()
             raise
 
-    def submit(self, request: WindowRequest | StepRequest, on_done: OnDone) -> Submission:
+    def submit(
+        self,
+        request: WindowRequest | StepRequest,
+        on_done: OnDone,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Submission:
         """Queue ``request`` (see :meth:`Engine.submit`): checked here, then appended to the arrivals,
         which the device thread moves into its Scheduler; ``on_done`` runs from this loop's mailbox."""
         kind: str
@@ -479,8 +484,9 @@ class DecodeEngine(Engine):
         if self._closed:
             raise EngineClosedError("decode after aclose(): the engine is closed")
         if self._thread is None:  # not started: decode_request starts the engine first
-            return super().submit(request, on_done)
-        loop = asyncio.get_running_loop()
+            return super().submit(request, on_done, loop)
+        if loop is None:
+            loop = asyncio.get_running_loop()
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
             mailbox = self._mailboxes[loop] = Mailbox(loop)
