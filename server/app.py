@@ -42,6 +42,7 @@ from .config import ServerConfig
 from .connection import Connection
 from .direct import DirectMessages
 from .eventloop import running_loop_name
+from .gcpause import GcPauseMonitor
 from .guards import origin_allowed, token_offered
 from .looplag import LoopLagMonitor
 from .metrics import ServerMetrics, render_device_loads
@@ -118,6 +119,7 @@ class StreamServer:
         self._handshaking = 0
         self._server: Server | None = None
         self.loop_lag: LoopLagMonitor | None = None
+        self.gc_pauses: GcPauseMonitor | None = None
         self._accept_logged_at = -_ACCEPT_LOG_EVERY
         self._previous_handler: Any = None
 
@@ -126,6 +128,7 @@ class StreamServer:
         """Listen; connections are accepted from here on."""
         cfg = self.config
         self.loop_lag = LoopLagMonitor.start()
+        self.gc_pauses = GcPauseMonitor.start()
         self._server = await serve(
             self._handle,
             cfg.host,
@@ -253,6 +256,9 @@ class StreamServer:
         lag, self.loop_lag = self.loop_lag, None
         if lag is not None:
             lag.stop()
+        pauses, self.gc_pauses = self.gc_pauses, None
+        if pauses is not None:
+            pauses.stop()
         # accept() retries that EMFILE scheduled still fire on the closed listener for up to a retry
         # delay: keep counting them as ours until then, not as a traceback each
         asyncio.get_running_loop().call_later(ACCEPT_RETRY_DELAY + 0.5, self._restore_handler)
@@ -498,6 +504,7 @@ class StreamServer:
             handshaking=self._handshaking,
         )
         text += self.loop_lag.render() if self.loop_lag is not None else ""
+        text += self.gc_pauses.render() if self.gc_pauses is not None else ""
         loads = getattr(self.decoder, "device_loads", None)
         text += render_device_loads(loads()) if loads is not None else ""
         return _respond(HTTPStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8")

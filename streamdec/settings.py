@@ -203,8 +203,19 @@ def use_inductor_cache_dir(path: str) -> None:
     os.environ[_INDUCTOR_CACHE] = os.path.abspath(path)
 
 
+#: how many collections of the middle generation come before a full one while serving (CPython's default
+#: is 10). What streams allocate dies young, freed by reference counts, so the older generations grow
+#: only with open streams (about 190 tracked objects a websocket stream); a full collection walks all of
+#: them with the interpreter stopped. With the default, a few hundred streams opening within two seconds
+#: set off one or two full collections of 15-53 ms on the 2-core machine, each a stall of every stream
+#: at once; ten times fewer keep them out of a ramp of that size. A closed stream leaves a few objects in
+#: reference cycles for the full collections to free.
+SERVING_FULL_COLLECTION_AFTER = 100
+
+
 def freeze_heap() -> None:
-    """Move every object alive now out of the garbage collector's reach; call it once, after warm-up.
+    """Move every object alive now out of the garbage collector's reach and make full collections rarer
+    (:data:`SERVING_FULL_COLLECTION_AFTER`); call it once, after warm-up.
 
     A full collection walks every tracked object (torch and a loaded codec hold a few hundred thousand)
     with the interpreter stopped: 170-360 ms on the 2-core CI machine, which stalled every stream at once
@@ -213,6 +224,8 @@ def freeze_heap() -> None:
     call collections walk only what streams allocate. (:func:`gc.freeze`; process-wide.)"""
     gc.collect()
     gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, SERVING_FULL_COLLECTION_AFTER)
 
 
 def check_inductor_cache_dir(path: str | None) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "SweepPlan",
     "decided",
     "first_window_chunk",
+    "gc_pause_max_ms",
     "generator_problem",
     "histogram_delta_quantile",
     "largest_holding",
@@ -347,6 +348,13 @@ def loop_lag_ms(
         figures[label] = None if value is None else round(value * 1000, 3)
     figures["max"] = None if peak is None else round(peak * 1000, 3)
     return figures
+
+
+def gc_pause_max_ms(after: Mapping[str, float]) -> float | None:
+    """The longest garbage-collector pause of any generation since the scrape before ``after``, in ms
+    (the server's ``streamdec_gc_pause_max_seconds`` gauges); None where the server does not report it."""
+    peaks = [v for k, v in after.items() if k.startswith("streamdec_gc_pause_max_seconds{")]
+    return round(max(peaks) * 1000, 3) if peaks else None
 
 
 def _highest_filled_lower_edge(buckets: Sequence[tuple[float, float]]) -> float:

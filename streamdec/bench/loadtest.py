@@ -52,6 +52,7 @@ from .loadstats import (
     decided,
     distribution,
     first_window_chunk,
+    gc_pause_max_ms,
     generator_problem,
     largest_holding,
     loop_lag_ms,
@@ -226,6 +227,9 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
         "bytes_in_per_s": per_s("streamdec_received_bytes_total"),
         "bytes_out_per_s": per_s("streamdec_sent_bytes_total"),
         "loop_lag_ms": loop_lag_ms(m0, m1, _LAG),
+        # full collections in between and the longest pause of any generation (stalls of every stream)
+        "gc_full_collections": delta('streamdec_gc_collections_total{generation="2"}'),
+        "gc_pause_max_ms": gc_pause_max_ms(m1),
         # the engine's device time over the run's wall time, and windows or stateful calls per device call
         "engine_busy": None if device_s is None else round(device_s / wall, 3),
         "engine_mean_batch": None if not calls or requests is None else round(requests / calls, 1),

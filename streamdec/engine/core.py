@@ -154,7 +154,9 @@ class _Pending:
     ) -> None:
         self.request, self.on_done, self.mailbox = request, on_done, mailbox
         self.frames, self.kind = frames, kind
-        self.ticket: Ticket[_Pending] | None = None  # set by the device thread when it queues it
+        # set by the device thread when it queues it, cleared when it leaves the queue: the ticket holds
+        # this request, so while both point at each other only the cycle collector could free them
+        self.ticket: Ticket[_Pending] | None = None
         self.cancelled = False
         # decode_request's future: cancelling the task that awaits it cancels it at once, before the task
         # runs again to cancel this submission, and the device thread must see that at once too
@@ -550,7 +552,8 @@ class DecodeEngine(Engine):
         withdrawn = self._withdrawn
         while withdrawn:
             p = withdrawn.popleft()
-            if p.ticket is not None and scheduler.cancel(p.ticket):  # still queued: its slot is free now
+            ticket, p.ticket = p.ticket, None
+            if ticket is not None and scheduler.cancel(ticket):  # still queued: its slot is free now
                 stats.cancelled += 1
         stats.queued = scheduler.pending
 
@@ -654,6 +657,8 @@ class DecodeEngine(Engine):
                     if popped is not None:
                         self._inflight += 1
                         key, items = popped
+                        for p in items:
+                            p.ticket = None
                         self._device_free_at = max(now, self._device_free_at) + (self._replay_s(key) or 0.0)
                         return lambda: self._launch(key, items, now)
                 self._sleep(None)

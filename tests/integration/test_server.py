@@ -458,6 +458,8 @@ async def test_metrics_and_index(codec: Any) -> None:
         assert float(values["streamdec_sent_bytes_total"]) > 20 * 480 * 2
         assert abs(float(values["streamdec_audio_seconds_total"]) - 20 * 480 / 24000) < 1e-6
         assert "streamdec_realtime_factor" in values and "streamdec_open_streams" in values
+        assert 'streamdec_gc_collections_total{generation="2"}' in values
+        assert 'streamdec_gc_pause_max_seconds{generation="0"}' in values
         status, ctype, body = await _http_get(server.port, "/")
         assert status == 200 and ctype.startswith("text/html") and "/v1/stream" in body
         assert (await _http_get(server.port, "/nope"))[0] == 404

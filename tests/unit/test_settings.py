@@ -117,10 +117,14 @@ def test_freeze_heap_takes_what_lives_now_out_of_the_collectors_walk() -> None:
     import gc
 
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     try:
         settings.freeze_heap()
         frozen = gc.get_freeze_count()
         assert frozen > 1000  # the interpreter, torch and the test session
+        # full collections come ten times later; the young generations keep their thresholds
+        assert gc.get_threshold() == (*thresholds[:2], settings.SERVING_FULL_COLLECTION_AFTER)
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
     assert gc.get_freeze_count() == 0
