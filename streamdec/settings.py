@@ -206,10 +206,10 @@ def use_inductor_cache_dir(path: str) -> None:
 #: how many collections of the middle generation come before a full one while serving (CPython's default
 #: is 10). What streams allocate dies young, freed by reference counts, so the older generations grow
 #: only with open streams (about 190 tracked objects a websocket stream); a full collection walks all of
-#: them with the interpreter stopped. With the default, a few hundred streams opening within two seconds
-#: set off one or two full collections of 15-53 ms on the 2-core machine, each a stall of every stream
-#: at once; ten times fewer keep them out of a ramp of that size. A closed stream leaves a few objects in
-#: reference cycles for the full collections to free.
+#: them with the interpreter stopped. With the default, 600 streams opening within two seconds set off a
+#: full collection of 24-45 ms on the 2-core machine, a stall of every stream at once; ten times fewer
+#: kept them out of such a ramp (bench/results/cpu/serve-gc-*.json). A closed stream leaves a few objects
+#: in reference cycles for the full collections to free.
 SERVING_FULL_COLLECTION_AFTER = 100
 
 
