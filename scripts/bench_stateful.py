@@ -24,7 +24,12 @@ from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import ResultFile, script_header
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
-from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S, DEFAULT_MAX_INFLIGHT
+from streamdec.engine.core import (
+    DEFAULT_EDGE_BATCH_LIMIT,
+    DEFAULT_HOLD_LEAD_S,
+    DEFAULT_LAUNCH_INTERVAL_S,
+    DEFAULT_MAX_INFLIGHT,
+)
 from streamdec.session import FIRST_CALL_DUE_S
 from streamdec.streaming import StreamDecoder
 
@@ -57,6 +62,10 @@ def main() -> None:
     ap.add_argument(
         "--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3,
         help="how long before a deadline held work must be done (the engine's hold_lead)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--launch-interval-ms", type=float, default=DEFAULT_LAUNCH_INTERVAL_S * 1e3,
+        help="the shortest time between two launch rounds (the engine's launch_interval)",
     )  # fmt: skip
     ap.add_argument(
         "--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3,
@@ -100,7 +109,7 @@ async def _run(args: argparse.Namespace) -> None:
         engine = DecodeEngine(
             codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets,
             hold_lead=args.hold_lead_ms / 1e3, edge_batch_limit=args.edge_batch_limit,
-            max_inflight=args.max_inflight,
+            max_inflight=args.max_inflight, launch_interval=args.launch_interval_ms / 1e3,
         )  # fmt: skip
         entry: dict[str, Any] = {}
         result.result["modes"][mode] = entry

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import math
 import os
 import socket
 import time
@@ -14,6 +15,7 @@ import anyio
 
 from streamdec import settings
 from streamdec.cli_errors import UsageError
+from streamdec.engine.core import DEFAULT_LAUNCH_INTERVAL_S
 from streamdec.protocol import STREAM_PATH, Limits
 from streamdec.streaming import DEFAULT_MAX_STEP, DEFAULT_MAX_STREAMS
 
@@ -83,6 +85,10 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
                              "audio after a modelled delay, to measure the host path alone (never for listening)")  # fmt: skip
     parser.add_argument("--simulated-cost-ms", default="0,0", metavar="FIXED,PER_FRAME",
                         help="--engine simulated: modelled ms per device call and per window frame (0,0)")  # fmt: skip
+    parser.add_argument("--launch-interval-ms", type=float, default=DEFAULT_LAUNCH_INTERVAL_S * 1e3, metavar="MS",
+                        help="the engine launches device calls in rounds at least this far apart, each taking "
+                             f"all work queued when it starts ({DEFAULT_LAUNCH_INTERVAL_S * 1e3:g}; 0: launch as "
+                             "work arrives): fewer, fuller calls for the host to stage and hand back")  # fmt: skip
     parser.add_argument("--devices", default=None, metavar="all|cuda:0,cuda:1",
                         help="several GPUs in this process: one engine per device (each with --slots slots), each "
                              "new stream on the device with the most free slots; replaces --device")  # fmt: skip
@@ -102,6 +108,10 @@ def configure_serve(parser: argparse.ArgumentParser) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``streamdec serve``; returns the process exit code after a graceful shutdown."""
+    if not (math.isfinite(args.launch_interval_ms) and args.launch_interval_ms >= 0):
+        raise UsageError(
+            f"--launch-interval-ms {args.launch_interval_ms:g}: expected a number of ms >= 0 (e.g. 2)"
+        )
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -268,14 +278,21 @@ def _decoder(args: argparse.Namespace, codec: Any) -> Any:
     options: dict[str, Any] = cuda_options if codec.pad_latent.device.type == "cuda" else {}
     stateful = args.mode != "halo" and streamdec.supports_stateful(codec)
     slots = args.slots or args.max_streams_total or DEFAULT_MAX_STREAMS
+    launch_interval = args.launch_interval_ms / 1e3
     if args.engine == "simulated":
         from streamdec.engine.simulated import DEFAULT_SIMULATED_SLOTS, SimulatedCost, simulated_engine
 
         slots = args.slots or args.max_streams_total or DEFAULT_SIMULATED_SLOTS
         cost = SimulatedCost.parse(args.simulated_cost_ms)
-        options = {"engine": simulated_engine(codec, cost=cost, max_streams=slots if stateful else 0)}
-    elif stateful:
-        options["max_streams"] = slots
+        options = {
+            "engine": simulated_engine(
+                codec, cost=cost, max_streams=slots if stateful else 0, launch_interval=launch_interval
+            )
+        }
+    else:
+        options["launch_interval"] = launch_interval
+        if stateful:
+            options["max_streams"] = slots
     return streamdec.StreamDecoder(
         codec, mode=args.mode, min_emit=args.min_emit, max_emit=args.max_emit, **options
     )

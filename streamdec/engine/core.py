@@ -78,6 +78,7 @@ from .slots import SlotAllocator, StatePool
 __all__ = [
     "DEFAULT_EDGE_BATCH_LIMIT",
     "DEFAULT_HOLD_LEAD_S",
+    "DEFAULT_LAUNCH_INTERVAL_S",
     "DEFAULT_MAX_INFLIGHT",
     "DEFAULT_STEP_FRAME_BUDGET",
     "DEFAULT_WINDOW_BATCH_LIMIT",
@@ -91,6 +92,12 @@ __all__ = [
 #: more to reach their streams); at 70 ms 320 held and 448 lost 4 tiles by at most 2 ms
 #: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json)
 DEFAULT_HOLD_LEAD_S = 0.07
+#: the shortest time between two launch rounds (see DecodeEngine's ``launch_interval``). Each device call
+#: costs the host 60-90 us of Python on the device thread, under the interpreter lock the event loop needs,
+#: and a hand-off back to the loop; launched as they came, 1,000 real-time streams on a zero-cost device
+#: made 1,600 calls a second of 7 rows. Rounds 2 ms apart made them 16 rows for 1 ms of first audio
+#: (docs/serving-capacity.md).
+DEFAULT_LAUNCH_INTERVAL_S = 0.002
 #: the share of recent wall time the device must spend on calls before queued work is held for fuller
 #: replays: holding saves device time, which a device idle most of the time has to spare, and costs latency
 HOLD_BUSY_FRACTION = 0.25
@@ -191,6 +198,12 @@ class DecodeEngine(Engine):
       full (default 0.07; None: dispatch at once). Work is held only while the device spent at least
       ``HOLD_BUSY_FRACTION`` of the last second on calls: below that it has time to spare and waiting
       would only add latency. Work due now (whole-clip windows) goes at once.
+    * ``launch_interval`` - seconds between the starts of two launch rounds (default 0.002; 0: launch as
+      work arrives). Every request queued when a round starts goes out in it, as many replays as its
+      groups and buckets need; what arrives meanwhile waits for the next round, at most this long. It
+      bounds the device calls a second however many streams each event-loop turn brings, and so the
+      host's per-call work (staging, hand-offs between the device thread and the loop), which a device
+      that answers fast would otherwise multiply. An idle engine launches the first request at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
@@ -224,6 +237,7 @@ class DecodeEngine(Engine):
         max_streams: int = 0,
         cpu_threads: int | None = None,
         hold_lead: float | None = DEFAULT_HOLD_LEAD_S,
+        launch_interval: float = DEFAULT_LAUNCH_INTERVAL_S,
         edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
         step_frame_budget: int = DEFAULT_STEP_FRAME_BUDGET,
         batch_buckets: Iterable[int] | None = None,
@@ -257,6 +271,13 @@ class DecodeEngine(Engine):
         if hold_lead is not None and hold_lead < 0:
             raise ConfigError(f"hold_lead must be >= 0 seconds or None, got {hold_lead}")
         self.hold_lead = hold_lead
+        if not (math.isfinite(launch_interval) and launch_interval >= 0):
+            raise ConfigError(
+                f"launch_interval must be a finite number of seconds >= 0, got {launch_interval}"
+            )
+        self.launch_interval = launch_interval
+        self._round_at = -math.inf  # when the latest launch round started
+        self._round_left = 0  # requests of that round not launched yet
         self._saved_threads: int | None = None
         pad = codec.pad_latent.detach()
         self.device = torch.device("cpu") if simulated is not None else pad.device
@@ -576,6 +597,15 @@ class DecodeEngine(Engine):
                 self._lock.acquire()
         self._sleeping = False
 
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` for the next launch round, the lock (held) released meanwhile. No ring cuts it
+        short: arrivals during the pause are what the round gathers."""
+        self._lock.release()
+        try:
+            time.sleep(seconds)
+        finally:
+            self._lock.acquire()
+
     def _check(self, request: WindowRequest) -> None:
         z = request.latents
         if z.dim() != 2 or z.shape[1] != self.latent_dim or z.shape[0] < 1:
@@ -652,15 +682,25 @@ class DecodeEngine(Engine):
                     if wait is not None:
                         self._sleep(wait)
                         continue
+                    if self._round_left <= 0:
+                        wait = self._round_at + self.launch_interval - now
+                        if wait > 0:
+                            self._pause(wait)
+                            continue
+                        self._round_at = now
+                        self._round_left = self._scheduler.pending
                     popped = self._scheduler.pop_batch()
-                    self._stats.queued = self._scheduler.pending
+                    pending = self._stats.queued = self._scheduler.pending
                     if popped is not None:
                         self._inflight += 1
                         key, items = popped
+                        self._round_left = self._round_left - len(items) if pending else 0
                         for p in items:
                             p.ticket = None
                         self._device_free_at = max(now, self._device_free_at) + (self._replay_s(key) or 0.0)
                         return lambda: self._launch(key, items, now)
+                if not self._scheduler.pending:
+                    self._round_left = 0  # withdrawn before it went: the next round starts afresh
                 self._sleep(None)
 
     async def _call_on_device(self, fn: Callable[[], R]) -> R:

@@ -152,6 +152,47 @@ async def test_windows_queued_during_a_call_share_the_next_call(codec: Any) -> N
     assert slept == [pytest.approx(0.001)] * 2
 
 
+async def test_requests_arriving_between_launch_rounds_go_out_together_in_the_next(codec: Any) -> None:
+    """An idle engine launches a request at once; what arrives within ``launch_interval`` of that round's
+    start waits for the next round and shares one call there, however far apart it came."""
+    engine = simulated_engine(codec, launch_interval=1.0)
+    await engine.start()
+    try:
+        began = time.monotonic()
+        await engine.decode_window(_request(16, dim=codec.latent_dim))
+        first_s = time.monotonic() - began
+        second = asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim)))
+        await asyncio.sleep(0.05)
+        third = asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim)))
+        await asyncio.gather(second, third)
+        stats = engine.stats
+    finally:
+        await engine.aclose()
+    assert first_s < 0.5  # not held for a round: nothing had launched before it
+    assert stats.windows == 3 and stats.decodes == 2
+    assert [c.live for c in engine.recent_calls()] == [1, 2]
+
+
+async def test_closing_while_work_waits_for_its_round_fails_that_work_and_stops(codec: Any) -> None:
+    """A request waiting for the next launch round is never decoded after ``aclose()``: it fails with
+    EngineClosedError, and the device thread stops by the end of the pause."""
+    engine = simulated_engine(codec, launch_interval=1.0)
+    await engine.start()
+    await engine.decode_window(_request(16, dim=codec.latent_dim))
+    waiting = asyncio.ensure_future(engine.decode_window(_request(16, dim=codec.latent_dim)))
+    await asyncio.sleep(0.05)
+    await engine.aclose()
+    with pytest.raises(EngineClosedError):
+        await waiting
+    assert engine.stats.decodes == 1
+
+
+@pytest.mark.parametrize("interval", [-0.001, float("nan"), float("inf")])
+def test_a_bad_launch_interval_is_a_config_error(codec: Any, interval: float) -> None:
+    with pytest.raises(ConfigError, match="launch_interval"):
+        simulated_engine(codec, launch_interval=interval)
+
+
 async def test_requests_are_freed_without_the_cycle_collector(codec: Any) -> None:
     """A request and its scheduler ticket let go of each other when it leaves the queue: with a cycle
     between them, every chunk of every stream would leave work for the collector (at 600 server streams,
