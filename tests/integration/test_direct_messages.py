@@ -127,3 +127,97 @@ def test_the_binary_frame_header_is_websockets_own(size: int) -> None:
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     framed = Frame(Opcode.BINARY, data).serialize(mask=False, extensions=[])
     assert binary_frame_header(size) + data == framed
+
+
+class _Transport:
+    """What write_frame needs of a transport: its buffered bytes, its writes (kept in order), extra info."""
+
+    def __init__(self, buffered: int = 0, **extra: Any) -> None:
+        self.buffered, self.extra, self.written = buffered, extra, bytearray()
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered + len(self.written)
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.extra.get(name)
+
+
+def _socketpair(send_buffer: int) -> tuple[Any, Any]:
+    import socket
+
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    a.setblocking(False)
+    return a, b
+
+
+def _read_all(sock: Any, size: int) -> bytes:
+    got = bytearray()
+    while len(got) < size:
+        chunk = sock.recv(size - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return bytes(got)
+
+
+@pytest.mark.parametrize("size", [100, 4_000, 3_000_000])
+def test_a_frame_written_through_reaches_the_peer_whole_and_in_order(size: int) -> None:
+    """Written on the socket while the transport holds nothing; what the socket does not take (a frame
+    larger than its buffer) goes to the transport, after what the socket took: the peer gets every byte
+    in order once the transport sends its part."""
+    from streamdec.server.direct import write_frame
+
+    a, b = _socketpair(4_096)
+    transport = _Transport()
+    frame = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    try:
+        write_frame(transport, a.fileno(), frame)
+        on_socket = size - len(transport.written)
+        assert _read_all(b, on_socket) + bytes(transport.written) == frame
+        assert on_socket > 0
+        if size > 1_000_000:  # more than any socket buffer takes at once
+            assert len(transport.written) > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_frame_goes_through_the_transport_while_it_holds_bytes_or_has_no_plain_socket() -> None:
+    """Bytes the transport still holds must reach the peer first; a TLS transport's socket must never see
+    plaintext: both take the transport's write, and the socket gets nothing."""
+    from streamdec.server.direct import plain_socket_fd, write_frame
+
+    a, b = _socketpair(65_536)
+    try:
+        busy = _Transport(buffered=10)
+        write_frame(busy, a.fileno(), b"frame")
+        tls = _Transport(socket=a, sslcontext=object())
+        write_frame(tls, plain_socket_fd(tls), b"secret")
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(100)
+        assert bytes(busy.written) == b"frame" and bytes(tls.written) == b"secret"
+        assert plain_socket_fd(_Transport(socket=a)) == a.fileno()
+        assert plain_socket_fd(_Transport()) == -1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_failing_socket_write_is_left_to_the_transport() -> None:
+    """A write the socket refuses with an error (the peer is gone) goes to the transport, which meets the
+    same error and closes the connection as it would have."""
+    from streamdec.server.direct import write_frame
+
+    a, b = _socketpair(65_536)
+    b.close()
+    transport = _Transport()
+    try:
+        write_frame(transport, a.fileno(), b"x" * 100)  # EPIPE (or ECONNRESET), never raised here
+    finally:
+        a.close()
+    assert bytes(transport.written) == b"x" * 100
