@@ -444,7 +444,7 @@ class Connection:
                 and not transport.is_closing()
                 and buffered + size + _FRAME_HEADER_MAX <= self._write_limit
             ):
-                direct.write_through(b"".join((binary_frame_header(size), header, payload)))
+                transport.write(b"".join((binary_frame_header(size), header, payload)))
                 self._backlog.after_send = transport.get_write_buffer_size()
                 self._metrics.bytes_out += size
                 return True

@@ -26,7 +26,6 @@ websockets itself holds nothing to send before them.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +40,7 @@ try:  # websockets' C unmasking, as its own frame parser uses
 except ImportError:  # pragma: no cover - a websockets built without its extension
     from websockets.utils import apply_mask
 
-__all__ = ["DirectMessages", "binary_frame_header", "plain_socket_fd", "write_frame"]
+__all__ = ["DirectMessages", "binary_frame_header"]
 
 _FIN_TEXT, _FIN_BINARY = 0x81, 0x82  # first header byte of a whole (FIN, no RSV bits) text/binary frame
 _MASKED = 0x80
@@ -80,9 +79,6 @@ class DirectMessages(ServerConnection):
     # websockets' queue of received frames (never replaced): while it holds any, later messages queue too
     _waiting: Any = None
     _fragmented = False  # websockets was fed the start of a fragmented message and not its end
-    # the socket's descriptor, for writes that leave the interpreter lock free (write_frame); None: not
-    # looked up yet, -1: every write goes through the transport
-    _fd: int | None = None
 
     # -- receiving ---------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -197,13 +193,6 @@ class DirectMessages(ServerConnection):
         handler(text)
 
     # -- sending -----------------------------------------------------------------------------------
-    def write_through(self, frame: bytes) -> None:
-        """Write one whole frame with :func:`write_frame`, on this connection's socket."""
-        fd = self._fd
-        if fd is None:
-            fd = self._fd = plain_socket_fd(self.transport)
-        write_frame(self.transport, fd, frame)
-
     def write_binary(self, header: bytes, data: bytes) -> bool:
         """Write one binary message of ``header + data`` (the frame's header from
         :func:`binary_frame_header`); False, writing nothing, when websockets must frame it (it holds
@@ -213,44 +202,6 @@ class DirectMessages(ServerConnection):
             return False
         self.transport.write(header + data)
         return True
-
-
-def write_frame(transport: Any, fd: int, frame: bytes) -> None:
-    """Write ``frame`` to the socket ``fd`` under ``transport``, the interpreter lock released during the
-    system call, where the transport holds nothing to send first (else, or with ``fd`` -1, through the
-    transport). What the socket does not take the transport buffers, so its flow control pauses the
-    connection as for any write, and an error is left to the transport to meet and report.
-
-    Why: uvloop's own write keeps the lock through the call. At a thousand streams that call is about a
-    third of the time the event loop holds the lock (py-spy, GIL-held samples), and the engine's threads
-    wait for the lock meanwhile."""
-    if fd < 0 or transport.get_write_buffer_size():
-        transport.write(frame)
-        return
-    try:
-        sent = os.write(fd, frame)
-    except (BlockingIOError, InterruptedError):
-        sent = 0
-    except OSError:
-        transport.write(frame)
-        return
-    if sent < len(frame):
-        transport.write(frame[sent:])
-
-
-def plain_socket_fd(transport: Any) -> int:
-    """The descriptor of the transport's socket where bytes written to it reach the peer as they are (a
-    plain TCP or Unix socket), else -1 (TLS, a transport without a socket)."""
-    if (
-        transport.get_extra_info("sslcontext") is not None
-        or transport.get_extra_info("ssl_object") is not None
-    ):
-        return -1
-    sock = transport.get_extra_info("socket")
-    try:
-        return int(sock.fileno()) if sock is not None else -1
-    except (AttributeError, OSError, ValueError):
-        return -1
 
 
 def _parser_between_frames(conn: ServerConnection) -> bool:
