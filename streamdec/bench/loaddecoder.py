@@ -128,11 +128,13 @@ async def _one(
 
 
 async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
+    from streamdec.server.gcpause import GcPauseMonitor
     from streamdec.server.looplag import LoopLagMonitor
     from streamdec.server.metrics import render_engine
 
     decoder = await _build(options)
     lag = LoopLagMonitor.start()
+    gc_pauses = GcPauseMonitor.start()  # as serve's /metrics: whether a stall was the collector's
     codec = decoder.codec
     left, right = decoder.left, decoder.right
     geometry = {
@@ -148,7 +150,7 @@ async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
     while True:
         message = await loop.run_in_executor(None, pipe.recv)
         if message[0] == "metrics":
-            pipe.send(("metrics", lag.render() + render_engine(decoder.stats.engine)))
+            pipe.send(("metrics", lag.render() + gc_pauses.render() + render_engine(decoder.stats.engine)))
             continue
         if message[0] != "run":
             break
@@ -163,6 +165,7 @@ async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
         report.cpu_s = time.process_time() - cpu0
         pipe.send(("report", report))
     lag.stop()
+    gc_pauses.stop()
     await decoder.aclose()
 
 

@@ -74,6 +74,7 @@ def test_decoder_target_runs_the_same_streams_into_one_streamdecoder(tmp_path: P
     assert run["holds"] and run["sample_problems"] == 0 and run["reference"]["ok"]
     server = run["server"]
     assert server["cpu_s"] > 0 and server["loop_lag_ms"]["p99"] is not None
+    assert server["gc_full_collections"] is not None and server["gc_pause_max_ms"] is not None
     assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
     # a schedule in the decoder's own loop is never a late load generator; its loop's lag is reported
     assert run["clients"]["send_late_ms"]["n"] == 0 and run["clients"]["pull_late_ms"]["n"] > 0
