@@ -197,6 +197,10 @@ def render_engine(engine: EngineStats) -> str:
         "# HELP streamdec_engine_calls_total Device calls the engine made (each decodes a batch).",
         "# TYPE streamdec_engine_calls_total counter",
         f"streamdec_engine_calls_total {engine.decodes}",
+        "# HELP streamdec_engine_tier_calls_total Device calls by how they ran: a captured graph, compiled, "
+        "or eager (eager-frozen: a shape no warm-up captured, decoded eagerly on the device thread).",
+        "# TYPE streamdec_engine_tier_calls_total counter",
+        *(f'streamdec_engine_tier_calls_total{{tier="{t}"}} {n}' for t, n in sorted(engine.by_tier.items())),
         "# HELP streamdec_engine_queued_windows Windows and stateful calls waiting for the engine.",
         "# TYPE streamdec_engine_queued_windows gauge",
         f"streamdec_engine_queued_windows {engine.queued}",

@@ -47,6 +47,7 @@ __all__ = [
     "proc_cpu_seconds",
     "summarize_point",
     "summarize_stream",
+    "tier_calls",
     "verdict",
 ]
 
@@ -355,6 +356,16 @@ def gc_pause_max_ms(after: Mapping[str, float]) -> float | None:
     (the server's ``streamdec_gc_pause_max_seconds`` gauges); None where the server does not report it."""
     peaks = [v for k, v in after.items() if k.startswith("streamdec_gc_pause_max_seconds{")]
     return round(max(peaks) * 1000, 3) if peaks else None
+
+
+def tier_calls(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, int] | None:
+    """Device calls between two scrapes by tier (``streamdec_engine_tier_calls_total{tier=...}``), the
+    tiers with none left out; None where the server does not report them."""
+    prefix = 'streamdec_engine_tier_calls_total{tier="'
+    tiers = {k[len(prefix) : -2]: v - before.get(k, 0.0) for k, v in after.items() if k.startswith(prefix)}
+    if not tiers:
+        return None
+    return {tier: int(n) for tier, n in sorted(tiers.items()) if n}
 
 
 def _highest_filled_lower_edge(buckets: Sequence[tuple[float, float]]) -> float:

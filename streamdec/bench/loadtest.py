@@ -53,6 +53,7 @@ from .loadstats import (
     distribution,
     first_window_chunk,
     gc_pause_max_ms,
+    tier_calls,
     generator_problem,
     largest_holding,
     loop_lag_ms,
@@ -233,6 +234,9 @@ def server_delta(before: Probe, after: Probe, stream_s: float) -> dict[str, Any]
         # the engine's device time over the run's wall time, and windows or stateful calls per device call
         "engine_busy": None if device_s is None else round(device_s / wall, 3),
         "engine_mean_batch": None if not calls or requests is None else round(requests / calls, 1),
+        # device calls in the run by tier: an eager one (a shape no warm-up captured) holds the device
+        # thread, and the interpreter lock, far longer than a replay
+        "engine_calls_by_tier": tier_calls(m0, m1),
     }
 
 

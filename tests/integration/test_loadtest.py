@@ -61,6 +61,7 @@ def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
     assert server["loop_lag_ms"]["p99"] is not None and server["loop_lag_ms"]["max"] is not None
     # the modelled device took 1 ms a call at least: busy a little, never more than the wall time
     assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
+    assert set(server["engine_calls_by_tier"]) == {"simulated"}  # every call of the run, none eager
     assert run["messages_per_s"]["latents_in"] > 0 and run["messages_per_s"]["audio_out"] > 0
     assert run["clients"]["send_late_ms"]["n"] > 0 and run["clients"]["pull_late_ms"]["n"] == 0
 
@@ -76,6 +77,7 @@ def test_decoder_target_runs_the_same_streams_into_one_streamdecoder(tmp_path: P
     assert server["cpu_s"] > 0 and server["loop_lag_ms"]["p99"] is not None
     assert server["gc_full_collections"] is not None and server["gc_pause_max_ms"] is not None
     assert 0 < server["engine_busy"] < 1 and server["engine_mean_batch"] >= 1
+    assert server["engine_calls_by_tier"]["simulated"] >= 1
     # a schedule in the decoder's own loop is never a late load generator; its loop's lag is reported
     assert run["clients"]["send_late_ms"]["n"] == 0 and run["clients"]["pull_late_ms"]["n"] > 0
 

@@ -25,6 +25,7 @@ from streamdec.bench.loadstats import (
     sample_problem,
     summarize_point,
     summarize_stream,
+    tier_calls,
     verdict,
 )
 
@@ -243,3 +244,16 @@ def test_proc_cpu_seconds_reads_utime_and_stime_after_the_command_name() -> None
     """The command name may hold spaces and parentheses; fields 14 and 15 are counted after it."""
     stat = "4242 (python (x) y) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0 20 0 1 0 100 0 0"
     assert proc_cpu_seconds(stat, 100) == pytest.approx(4.0)
+
+
+def test_device_calls_by_tier_are_counted_between_two_scrapes() -> None:
+    """The engine's per-tier counters, as /metrics renders them, differenced by the load test: tiers with
+    no call in between are left out, and a server without the counters reports None."""
+    from streamdec.engine import EngineStats
+    from streamdec.server.metrics import render_engine
+
+    before = parse_prometheus(render_engine(EngineStats(decodes=5, by_tier={"graph": 5})))
+    after = parse_prometheus(render_engine(EngineStats(decodes=9, by_tier={"graph": 7, "eager-frozen": 2})))
+    assert tier_calls(before, after) == {"eager-frozen": 2, "graph": 2}
+    assert tier_calls(after, after) == {}
+    assert tier_calls({}, {"streamdec_engine_calls_total": 3.0}) is None
