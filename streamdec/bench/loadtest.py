@@ -53,7 +53,6 @@ from .loadstats import (
     distribution,
     first_window_chunk,
     gc_pause_max_ms,
-    tier_calls,
     generator_problem,
     largest_holding,
     loop_lag_ms,
@@ -62,6 +61,7 @@ from .loadstats import (
     proc_cpu_seconds,
     summarize_point,
     summarize_stream,
+    tier_calls,
     verdict,
 )
 
