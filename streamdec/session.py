@@ -272,6 +272,7 @@ class _Intake:
     sample_rate: int | None
     first_audio_at: float | None
     decode_s: float | None
+    last_chunk_frames: int
 
     def __init__(
         self, *, latent_dim: int, hop_size: int, pad_latent: torch.Tensor, allow_non_finite: bool,
@@ -293,6 +294,7 @@ class _Intake:
         self.flush_policy = flush_policy or FlushPolicy()
         self.sample_rate = sample_rate
         self.first_audio_at = None  # the caller's clock at the first tile
+        self.last_chunk_frames = 0  # frames of the latest non-empty chunk: the producer's chunk size
         self.decode_s = None  # moving average of this stream's submit-to-result time
 
     @property
@@ -354,6 +356,7 @@ class _Intake:
             latents = latents_array(chunk, self.latent_dim, allow_non_finite=skip_scan)
         frames = int(latents.shape[0])
         if frames:
+            self.last_chunk_frames = frames
             # a copy either way: the buffer never shares memory with the caller's chunk
             self._buf = np.concatenate([self._buf, latents]) if len(self._buf) else latents.copy()
             self.received += frames
@@ -469,7 +472,8 @@ class StepPolicy:
 
     ``step_sizes`` are the frame counts a ``step`` or ``flush`` may take (ascending); ``prime_sizes`` those
     of a stream's first call. ``min_step`` is the fewest new frames worth a call unless the listener is
-    about to run dry; a call takes the largest size that the pending frames fill, up to the largest.
+    about to run dry; a step takes one chunk's worth of the pending frames, or the largest size once that
+    many are pending (:meth:`StatefulSession._step_frames`).
     """
 
     step_sizes: tuple[int, ...]
@@ -591,8 +595,20 @@ class StatefulSession(_Intake):
                 return self._cut("flush", pending, pending + self.policy.right_frames)
             return self._cut("step", _largest_at_most(self.policy.step_sizes, pending), None)
         if pending >= self.policy.min_step or (flush and pending > 0):
-            return self._cut("step", _largest_at_most(self.policy.step_sizes, pending), None)
+            return self._cut("step", self._step_frames(pending), None)
         return None
+
+    def _step_frames(self, pending: int) -> int:
+        """How many of the ``pending`` frames a step takes. A largest step's worth pending (a producer
+        ahead of real time): the largest step, the fewest calls. Less: one chunk's worth (at least
+        ``min_step``), so that a real-time stream that fell a chunk behind keeps the size every other
+        real-time stream steps with and shares their replays; two chunks in a call of a size of its own
+        would split the engine's batches by size just when the device is busiest."""
+        sizes = self.policy.step_sizes
+        if pending >= sizes[-1]:
+            return sizes[-1]
+        chunk = max(self.policy.min_step, self.last_chunk_frames)
+        return _largest_at_most(sizes, min(pending, chunk))
 
     def _first_job(self, pending: int, flush: bool) -> StepJob | None:
         primes = self.policy.prime_sizes

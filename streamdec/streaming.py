@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -439,6 +440,29 @@ class _StreamCore:
                 self.decoder.engine.close_slot(self.slot)
 
 
+class _SourceEnd:
+    """Where an async source stopped, as read ahead: its end (``error`` None) or the error it raised."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
+#: what a read-ahead chunk whose shape says nothing counts for: the read-ahead stops after it, and feeding
+#: it names what is wrong
+_UNKNOWN_FRAMES = 1 << 30
+
+
+def _chunk_frames(chunk: Any) -> int:
+    """The frames of a chunk as a caller passes it (``[T, D]`` or ``[1, T, D]``), at least 1, so that
+    empty chunks bound the read-ahead too."""
+    shape = getattr(chunk, "shape", None)
+    if shape is None:
+        return _UNKNOWN_FRAMES
+    return max(1, int(shape[-2]) if len(shape) >= 2 else 1)
+
+
 class TileStream(_StreamCore, AsyncIterator[Tile]):
     """The async iterator ``decode_tiles`` returns; also an async context manager that always cleans up."""
 
@@ -458,6 +482,11 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         )
         self._is_async = isinstance(chunks, AsyncIterable)
         self._pending: asyncio.Future[Any] | None = None  # a pull from an async source still waiting
+        # An async source without take_ready is read ahead while a call is in flight (see _read_ahead):
+        # chunks that came in, then its end or its error, in order, with their frames.
+        self._reads_ahead = self._is_async and getattr(self._source, "take_ready", None) is None
+        self._ahead: deque[tuple[Any, int] | _SourceEnd] = deque()
+        self._ahead_frames = 0
 
     async def __aenter__(self) -> TileStream:
         return self
@@ -483,7 +512,9 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 self._free()
                 raise StopAsyncIteration
             began = time.monotonic()
-            tile = self._tile(job, await self._engine_call(job), began)
+            call = self._engine_call(job)
+            self._read_ahead()
+            tile = self._tile(job, await call, began)
         except StopAsyncIteration:
             raise
         except BaseException:
@@ -519,16 +550,67 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
             self.session.feed(chunk)
 
     def _take_ready(self) -> None:
-        """Feed the chunks an async source already holds, up to what the next call can take.
+        """Feed the chunks already at hand, up to what the next call can take: those read ahead, or those
+        an async source says it holds.
 
         Without this a stream that fell behind (a decode slower than its chunk period) pulls one chunk
         per call and every call carries one chunk's frames, so it never catches up; with it the calls grow
-        to the largest size. The source opts in with ``take_ready() -> chunk | None`` (never waits).
+        to the largest size. A source may offer ``take_ready() -> chunk | None`` (never waits); any other
+        async source is read ahead while a call is in flight (:meth:`_read_ahead`).
         """
+        if self._ahead:
+            session = self.session
+            while self._ahead and session.call_room > 0 and not session.ended:
+                item = self._ahead[0]
+                if isinstance(item, _SourceEnd):
+                    return  # handed over by _pull when the session asks for more
+                self._ahead.popleft()
+                self._ahead_frames -= item[1]
+                session.feed(item[0])
+            return
         take = getattr(self._source, "take_ready", None)
         if take is None or self._pending is not None:  # a pull in flight gets the next chunk first
             return
         self._feed_at_hand(take)
+
+    def _read_ahead(self) -> None:
+        """Pull an async source's next chunks in the background while the stream's call is in flight, up
+        to what the next call can take, so that a stream whose calls take longer than its chunk period
+        finds them at hand (:meth:`_take_ready`) and catches up with larger calls. Bounded by that room,
+        so a consumer that stops asking for tiles still stops intake."""
+        if (
+            not self._reads_ahead
+            or self._pending is not None
+            or self._closed
+            or self.session.ended
+            or (self._ahead and isinstance(self._ahead[-1], _SourceEnd))
+            or self._ahead_frames >= self.session.call_room
+        ):
+            return
+        self._start_pull()
+
+    def _start_pull(self) -> None:
+        # A task, so that a timeout or the stream's call ending leaves the pull running (cancelling it
+        # would close the source); its result lands in _ahead, in order.
+        self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]
+        self._pending.add_done_callback(self._pulled)
+
+    def _pulled(self, pull: asyncio.Future[Any]) -> None:
+        if pull is not self._pending:  # withdrawn by aclose
+            return
+        self._pending = None
+        if pull.cancelled():
+            self._ahead.append(_SourceEnd(asyncio.CancelledError("the source's pull was cancelled")))
+            return
+        error = pull.exception()
+        if error is not None:
+            self._ahead.append(_SourceEnd(None if isinstance(error, StopAsyncIteration) else error))
+            return
+        chunk = pull.result()
+        frames = _chunk_frames(chunk)
+        self._ahead.append((chunk, frames))
+        self._ahead_frames += frames
+        self._read_ahead()
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
@@ -540,22 +622,32 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 return next(self._source)  # type: ignore[arg-type]
             except StopIteration:
                 raise StopAsyncIteration from None
-        if self._pending is None and timeout is None:
-            return await self._source.__anext__()  # type: ignore[union-attr]  # no flush timer: no task needed
-        if self._pending is None:
-            # A task, so that a timeout leaves the pull running (cancelling it would close the source).
-            self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]
-        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
-        if not done:
-            raise TimeoutError
-        pending, self._pending = self._pending, None
-        return pending.result()
+        while not self._ahead:
+            if self._pending is None:
+                if timeout is None:  # no flush timer: no task needed
+                    return await self._source.__anext__()  # type: ignore[union-attr]
+                self._start_pull()
+            assert self._pending is not None
+            done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+            if not done:
+                raise TimeoutError
+            if self._closed:  # aclose withdrew the pull meanwhile
+                raise asyncio.CancelledError("the stream was closed")
+            # its done callback (_pulled) ran before this wait's and put the chunk, or the end, in _ahead
+        item = self._ahead.popleft()
+        if isinstance(item, _SourceEnd):
+            if item.error is not None:
+                raise item.error
+            raise StopAsyncIteration
+        self._ahead_frames -= item[1]
+        return item[0]
 
     async def aclose(self) -> None:
         """Stop the stream: nothing more is read or decoded. Idempotent."""
         if self._closed:
             return
         self._free()
+        self._ahead.clear()
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.cancel()

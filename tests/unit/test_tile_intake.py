@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
@@ -51,3 +53,79 @@ async def test_chunks_at_hand_share_one_call(mode: str) -> None:
     assert torch.equal(audio[True], expected) and torch.equal(audio[False], expected)
     assert calls[True] < calls[False]
     assert calls[True] <= 5  # 40 frames in calls of up to 16, plus the prime or the last window
+
+
+@pytest.mark.parametrize("mode", ["stateful", "halo"])
+async def test_a_plain_async_generator_is_read_ahead_so_a_slow_engine_catches_up(mode: str) -> None:
+    """A source without take_ready whose chunks come faster than the engine's calls (4 frames every 5 ms
+    against 40 ms a call): the chunks that arrive while a call is in flight are pulled meanwhile, so later
+    calls take several at once and the stream catches up, where pulling one chunk per call would make a
+    call per chunk; the audio is the whole clip's."""
+    from streamdec.engine.simulated import SimulatedCost
+
+    codec = streamdec.load_codec("tiny")
+    latents = torch.randn(96, codec.latent_dim, generator=torch.Generator().manual_seed(5))
+    chunks = latents.split(4)
+
+    async def produce() -> AsyncIterator[torch.Tensor]:
+        for chunk in chunks:
+            await asyncio.sleep(0.005)
+            yield chunk
+
+    engine = simulated_engine(codec, cost=SimulatedCost(40.0, 0.0), max_streams=2 if mode == "stateful" else 0)
+    async with StreamDecoder(codec, engine=engine, mode=mode, min_emit=4, max_emit=16) as dec:  # type: ignore[arg-type]
+        tiles = [t async for t in dec.decode_tiles(produce())]
+        calls = dec.stats.engine.windows
+        expected = await dec.decode(latents)
+    assert torch.equal(torch.cat([t.samples for t in tiles], dim=-1), expected)
+    assert max(t.frames for t in tiles) == 16  # a largest step's worth came in during a call
+    assert calls <= len(chunks) // 2
+
+
+async def test_read_ahead_is_bounded_by_what_the_next_call_takes() -> None:
+    """A consumer that stops asking for tiles stops intake after at most one call's worth of chunks
+    read ahead, although the source has every chunk at hand."""
+    codec = streamdec.load_codec("tiny")
+    latents = torch.randn(200, codec.latent_dim, generator=torch.Generator().manual_seed(6))
+    pulled = 0
+
+    async def produce() -> AsyncIterator[torch.Tensor]:
+        nonlocal pulled
+        for chunk in latents.split(2):
+            pulled += 1
+            yield chunk
+
+    engine = simulated_engine(codec, max_streams=2)
+    async with StreamDecoder(codec, engine=engine, min_emit=4, max_emit=16) as dec:  # type: ignore[arg-type]
+        async with dec.decode_tiles(produce()) as tiles:
+            first = await tiles.__anext__()
+            await asyncio.sleep(0.2)  # a listener that stopped reading
+            held = pulled
+            await asyncio.sleep(0.1)
+            assert pulled == held  # intake stopped
+            # what the first call took, plus at most the next call's room (16 frames and the lag), a chunk each
+            assert 2 * held <= first.frames + dec.right + 16 + dec.right + 2 * 2 + 12
+
+
+async def test_a_source_error_read_ahead_comes_after_the_chunks_before_it() -> None:
+    """A source that raises after some chunks: the error is raised once the stream wants the chunk that
+    failed, after the tiles of the chunks before it, as without reading ahead."""
+    from streamdec.engine.simulated import SimulatedCost
+
+    codec = streamdec.load_codec("tiny")
+    latents = torch.randn(40, codec.latent_dim, generator=torch.Generator().manual_seed(7))
+
+    async def produce() -> AsyncIterator[torch.Tensor]:
+        for chunk in latents.split(4):
+            yield chunk
+        raise ValueError("the model failed")
+
+    engine = simulated_engine(codec, cost=SimulatedCost(20.0, 0.0), max_streams=2)
+    got: list[int] = []
+    async with StreamDecoder(codec, engine=engine, min_emit=4, max_emit=16) as dec:  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="the model failed"):
+            async for tile in dec.decode_tiles(produce()):
+                got.append(tile.frames)
+        assert dec.stats.open_streams == 0
+    # every frame whose right context had arrived went out before the error
+    assert sum(got) == 40 - dec.right
