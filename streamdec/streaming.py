@@ -14,9 +14,11 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -463,6 +465,15 @@ def _chunk_frames(chunk: Any) -> int:
     return max(1, int(shape[-2]) if len(shape) >= 2 else 1)
 
 
+def _deliver_pull(stream: weakref.ref[TileStream], pull: asyncio.Future[Any]) -> None:
+    """A read-ahead pull finished: hand it to its stream, if the stream is still alive."""
+    owner = stream()
+    if owner is not None:
+        owner._pulled(pull)
+    elif not pull.cancelled():
+        pull.exception()  # retrieved: a dropped stream's source error is nobody's to raise
+
+
 class TileStream(_StreamCore, AsyncIterator[Tile]):
     """The async iterator ``decode_tiles`` returns; also an async context manager that always cleans up."""
 
@@ -512,9 +523,8 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 self._free()
                 raise StopAsyncIteration
             began = time.monotonic()
-            call = self._engine_call(job)
-            self._read_ahead()
-            tile = self._tile(job, await call, began)
+            self._read_ahead()  # while the call is in flight
+            tile = self._tile(job, await self._engine_call(job), began)
         except StopAsyncIteration:
             raise
         except BaseException:
@@ -590,10 +600,17 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         self._start_pull()
 
     def _start_pull(self) -> None:
-        # A task, so that a timeout or the stream's call ending leaves the pull running (cancelling it
-        # would close the source); its result lands in _ahead, in order.
-        self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]
-        self._pending.add_done_callback(self._pulled)
+        """Pull the next chunk in a task, so that a timeout or the stream's call ending leaves the pull
+        running (cancelling it would close the source); its result lands in _ahead, in order. The task
+        holds the stream weakly: a stream dropped without being closed is still collected, and its slot
+        given back, while a pull waits on a source that may never yield again."""
+        try:
+            awaitable = self._source.__anext__()  # type: ignore[union-attr]
+        except Exception as exc:  # a source that fails before it returns an awaitable
+            self._ahead.append(_SourceEnd(None if isinstance(exc, StopAsyncIteration) else exc))
+            return
+        self._pending = asyncio.ensure_future(awaitable)
+        self._pending.add_done_callback(functools.partial(_deliver_pull, weakref.ref(self)))
 
     def _pulled(self, pull: asyncio.Future[Any]) -> None:
         if pull is not self._pending:  # withdrawn by aclose
@@ -627,7 +644,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 if timeout is None:  # no flush timer: no task needed
                     return await self._source.__anext__()  # type: ignore[union-attr]
                 self._start_pull()
-            assert self._pending is not None
+                continue  # a pull that failed at once left its end in _ahead
             done, _ = await asyncio.wait({self._pending}, timeout=timeout)
             if not done:
                 raise TimeoutError

@@ -36,6 +36,36 @@ def test_break_without_async_with_frees_the_stream(codec: streamdec.Codec, mode:
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_break_without_async_with_frees_a_stream_reading_ahead(codec: streamdec.Codec, mode: str) -> None:
+    """The same with a plain async generator that never yields again: the read-ahead's pull still waits
+    on it, but holds the stream only weakly, so the dropped stream gives back its count and slot."""
+
+    async def run() -> None:
+        stalled = asyncio.Event()
+
+        async def source() -> object:
+            yield torch.randn(16, 64)
+            await stalled.wait()  # a producer that stalls: the pull read ahead never finishes
+            yield torch.randn(4, 64)
+
+        async with streamdec.StreamDecoder(codec, mode=mode, min_emit=1) as dec:  # type: ignore[arg-type]
+            gen = source()
+            async for _tile in dec.decode_tiles(gen):
+                break
+            assert gen.ag_running  # type: ignore[attr-defined]  # the pull read ahead waits in the source
+            gc.collect()
+            assert dec.stats.open_streams == 0
+            if mode == "stateful":
+                assert dec.engine.open_slots == 0  # type: ignore[attr-defined]
+            stalled.set()
+            while gen.ag_running:  # type: ignore[attr-defined]  # the pull finishes, nobody takes its chunk
+                await asyncio.sleep(0.001)
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_two_consumers_of_one_stream_are_refused(codec: streamdec.Codec, mode: str) -> None:
     """A second task iterating the same stream gets ConcurrentIterationError, the first keeps going."""
 

@@ -52,7 +52,9 @@ def _steps_for(session: StatefulSession, chunks: int, chunk: int) -> list[int]:
         (16, 1, [16]),
     ],
 )
-def test_a_stream_behind_steps_by_chunk_until_a_largest_step_waits(chunk: int, behind: int, steps: list[int]) -> None:
+def test_a_stream_behind_steps_by_chunk_until_a_largest_step_waits(
+    chunk: int, behind: int, steps: list[int]
+) -> None:
     assert _steps_for(_primed(chunk), behind, chunk) == steps
 
 

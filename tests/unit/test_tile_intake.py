@@ -72,7 +72,9 @@ async def test_a_plain_async_generator_is_read_ahead_so_a_slow_engine_catches_up
             await asyncio.sleep(0.005)
             yield chunk
 
-    engine = simulated_engine(codec, cost=SimulatedCost(40.0, 0.0), max_streams=2 if mode == "stateful" else 0)
+    engine = simulated_engine(
+        codec, cost=SimulatedCost(40.0, 0.0), max_streams=2 if mode == "stateful" else 0
+    )
     async with StreamDecoder(codec, engine=engine, mode=mode, min_emit=4, max_emit=16) as dec:  # type: ignore[arg-type]
         tiles = [t async for t in dec.decode_tiles(produce())]
         calls = dec.stats.engine.windows
@@ -96,15 +98,15 @@ async def test_read_ahead_is_bounded_by_what_the_next_call_takes() -> None:
             yield chunk
 
     engine = simulated_engine(codec, max_streams=2)
-    async with StreamDecoder(codec, engine=engine, min_emit=4, max_emit=16) as dec:  # type: ignore[arg-type]
-        async with dec.decode_tiles(produce()) as tiles:
-            first = await tiles.__anext__()
-            await asyncio.sleep(0.2)  # a listener that stopped reading
-            held = pulled
-            await asyncio.sleep(0.1)
-            assert pulled == held  # intake stopped
-            # what the first call took, plus at most the next call's room (16 frames and the lag), a chunk each
-            assert 2 * held <= first.frames + dec.right + 16 + dec.right + 2 * 2 + 12
+    decoder = StreamDecoder(codec, engine=engine, min_emit=4, max_emit=16)  # type: ignore[arg-type]
+    async with decoder as dec, dec.decode_tiles(produce()) as tiles:
+        first = await tiles.__anext__()
+        await asyncio.sleep(0.2)  # a listener that stopped reading
+        held = pulled
+        await asyncio.sleep(0.1)
+        assert pulled == held  # intake stopped
+        # what the first call took, plus at most the next call's room (16 frames and the lag), a chunk each
+        assert 2 * held <= first.frames + dec.right + 16 + dec.right + 2 * 2 + 12
 
 
 async def test_a_source_error_read_ahead_comes_after_the_chunks_before_it() -> None:
