@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import math
 import time
@@ -465,13 +464,37 @@ def _chunk_frames(chunk: Any) -> int:
     return max(1, int(shape[-2]) if len(shape) >= 2 else 1)
 
 
-def _deliver_pull(stream: weakref.ref[TileStream], pull: asyncio.Future[Any]) -> None:
-    """A read-ahead pull finished: hand it to its stream, if the stream is still alive."""
-    owner = stream()
-    if owner is not None:
-        owner._pulled(pull)
-    elif not pull.cancelled():
-        pull.exception()  # retrieved: a dropped stream's source error is nobody's to raise
+async def _read_source(stream_ref: weakref.ref[TileStream], source: AsyncIterator[Any]) -> None:
+    """A stream's reader: pulls ``source`` while its stream has room (:meth:`TileStream._has_room`) and
+    hands each chunk, then the end or the error, to the stream in order. It holds the stream weakly
+    between pulls, so a stream dropped without being closed is collected (and gives back its slot) while
+    the reader waits on a source that may never yield again."""
+    loop = asyncio.get_running_loop()
+    while True:
+        stream = stream_ref()
+        if stream is None or stream._closed:
+            return
+        if not stream._has_room():
+            room = stream._room = loop.create_future()
+            del stream
+            await room
+            continue
+        del stream
+        item: tuple[Any, int] | _SourceEnd
+        try:
+            chunk = await source.__anext__()
+        except StopAsyncIteration:
+            item = _SourceEnd(None)
+        except Exception as exc:  # the source's own error: raised to the consumer in order
+            item = _SourceEnd(exc)
+        else:
+            item = (chunk, _chunk_frames(chunk))
+        stream = stream_ref()
+        if stream is None or stream._closed:
+            return
+        stream._arrived(item)
+        if isinstance(item, _SourceEnd):
+            return
 
 
 class TileStream(_StreamCore, AsyncIterator[Tile]):
@@ -493,11 +516,14 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         )
         self._is_async = isinstance(chunks, AsyncIterable)
         self._pending: asyncio.Future[Any] | None = None  # a pull from an async source still waiting
-        # An async source without take_ready is read ahead while a call is in flight (see _read_ahead):
-        # chunks that came in, then its end or its error, in order, with their frames.
+        # An async source without take_ready gets a reader once the stream's first call goes out (see
+        # _read_ahead): chunks that came in, then its end or its error, in order, with their frames.
         self._reads_ahead = self._is_async and getattr(self._source, "take_ready", None) is None
+        self._reader: asyncio.Task[None] | None = None
         self._ahead: deque[tuple[Any, int] | _SourceEnd] = deque()
         self._ahead_frames = 0
+        self._arrival: asyncio.Future[None] | None = None  # the stream waits for the reader's next item
+        self._room: asyncio.Future[None] | None = None  # the reader waits for room
 
     async def __aenter__(self) -> TileStream:
         return self
@@ -566,7 +592,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         Without this a stream that fell behind (a decode slower than its chunk period) pulls one chunk
         per call and every call carries one chunk's frames, so it never catches up; with it the calls grow
         to the largest size. A source may offer ``take_ready() -> chunk | None`` (never waits); any other
-        async source is read ahead while a call is in flight (:meth:`_read_ahead`).
+        async source is read ahead (:meth:`_read_ahead`).
         """
         if self._ahead:
             session = self.session
@@ -584,50 +610,31 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         self._feed_at_hand(take)
 
     def _read_ahead(self) -> None:
-        """Pull an async source's next chunks in the background while the stream's call is in flight, up
-        to what the next call can take, so that a stream whose calls take longer than its chunk period
-        finds them at hand (:meth:`_take_ready`) and catches up with larger calls. Bounded by that room,
-        so a consumer that stops asking for tiles still stops intake."""
-        if (
-            not self._reads_ahead
-            or self._pending is not None
-            or self._closed
-            or self.session.ended
-            or (self._ahead and isinstance(self._ahead[-1], _SourceEnd))
-            or self._ahead_frames >= self.session.call_room
-        ):
+        """Let the reader pull an async source's chunks in the background, up to what the next call can
+        take: called as each call goes out, which makes room. A stream whose calls outlast its chunk
+        period then finds its chunks at hand (:meth:`_take_ready`) and catches up, and a producer that
+        makes each chunk when asked (a model's generate loop) makes the next one while this one decodes.
+        Bounded by that room, so a consumer that stops asking for tiles still stops intake."""
+        if not self._reads_ahead or self._closed:
             return
-        self._start_pull()
+        if self._reader is None:
+            source: AsyncIterator[Any] = self._source  # type: ignore[assignment]
+            self._reader = asyncio.ensure_future(_read_source(weakref.ref(self), source))
+        elif self._room is not None and self._has_room():
+            room, self._room = self._room, None
+            room.set_result(None)
 
-    def _start_pull(self) -> None:
-        """Pull the next chunk in a task, so that a timeout or the stream's call ending leaves the pull
-        running (cancelling it would close the source); its result lands in _ahead, in order. The task
-        holds the stream weakly: a stream dropped without being closed is still collected, and its slot
-        given back, while a pull waits on a source that may never yield again."""
-        try:
-            awaitable = self._source.__anext__()  # type: ignore[union-attr]
-        except Exception as exc:  # a source that fails before it returns an awaitable
-            self._ahead.append(_SourceEnd(None if isinstance(exc, StopAsyncIteration) else exc))
-            return
-        self._pending = asyncio.ensure_future(awaitable)
-        self._pending.add_done_callback(functools.partial(_deliver_pull, weakref.ref(self)))
+    def _has_room(self) -> bool:
+        return not self.session.ended and self._ahead_frames < self.session.call_room
 
-    def _pulled(self, pull: asyncio.Future[Any]) -> None:
-        if pull is not self._pending:  # withdrawn by aclose
-            return
-        self._pending = None
-        if pull.cancelled():
-            self._ahead.append(_SourceEnd(asyncio.CancelledError("the source's pull was cancelled")))
-            return
-        error = pull.exception()
-        if error is not None:
-            self._ahead.append(_SourceEnd(None if isinstance(error, StopAsyncIteration) else error))
-            return
-        chunk = pull.result()
-        frames = _chunk_frames(chunk)
-        self._ahead.append((chunk, frames))
-        self._ahead_frames += frames
-        self._read_ahead()
+    def _arrived(self, item: tuple[Any, int] | _SourceEnd) -> None:
+        """The reader's next chunk, or the source's end or error."""
+        self._ahead.append(item)
+        if not isinstance(item, _SourceEnd):
+            self._ahead_frames += item[1]
+        arrival, self._arrival = self._arrival, None
+        if arrival is not None and not arrival.done():
+            arrival.set_result(None)
 
     async def _pull(self, timeout: float | None) -> Any:
         """The next chunk; StopAsyncIteration at the end; TimeoutError if ``timeout`` passes first.
@@ -639,18 +646,28 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 return next(self._source)  # type: ignore[arg-type]
             except StopIteration:
                 raise StopAsyncIteration from None
-        while not self._ahead:
-            if self._pending is None:
-                if timeout is None:  # no flush timer: no task needed
-                    return await self._source.__anext__()  # type: ignore[union-attr]
-                self._start_pull()
-                continue  # a pull that failed at once left its end in _ahead
-            done, _ = await asyncio.wait({self._pending}, timeout=timeout)
-            if not done:
-                raise TimeoutError
-            if self._closed:  # aclose withdrew the pull meanwhile
-                raise asyncio.CancelledError("the stream was closed")
-            # its done callback (_pulled) ran before this wait's and put the chunk, or the end, in _ahead
+        if self._reader is not None:
+            return await self._from_reader(timeout)
+        if self._pending is None and timeout is None:
+            return await self._source.__anext__()  # type: ignore[union-attr]  # no flush timer: no task needed
+        if self._pending is None:
+            # A task, so that a timeout leaves the pull running (cancelling it would close the source).
+            self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]
+        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
+        if not done:
+            raise TimeoutError
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    async def _from_reader(self, timeout: float | None) -> Any:
+        """The reader's next item: a chunk, or the source's end (StopAsyncIteration) or error, raised."""
+        if not self._ahead:
+            self._read_ahead()  # the session took what it had: there may be room again
+            arrival = self._arrival = asyncio.get_running_loop().create_future()
+            if timeout is None:
+                await arrival
+            else:  # on a timeout only this wait ends; the reader goes on pulling
+                await asyncio.wait_for(asyncio.shield(arrival), timeout)
         item = self._ahead.popleft()
         if isinstance(item, _SourceEnd):
             if item.error is not None:
@@ -665,6 +682,10 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
             return
         self._free()
         self._ahead.clear()
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.cancel()
