@@ -450,6 +450,8 @@ class _SourceEnd:
         self.error = error
 
 
+#: a pull back within this long did not wait for its source: the chunk was made before it was asked for
+_AT_HAND_S = 0.0002
 #: what a read-ahead chunk whose shape says nothing counts for: the read-ahead stops after it, and feeding
 #: it names what is wrong
 _UNKNOWN_FRAMES = 1 << 30
@@ -524,6 +526,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         self._ahead_frames = 0
         self._arrival: asyncio.Future[None] | None = None  # the stream waits for the reader's next item
         self._room: asyncio.Future[None] | None = None  # the reader waits for room
+        self._behind = False  # a chunk was already waiting when the stream asked for it
 
     async def __aenter__(self) -> TileStream:
         return self
@@ -610,14 +613,17 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         self._feed_at_hand(take)
 
     def _read_ahead(self) -> None:
-        """Let the reader pull an async source's chunks in the background, up to what the next call can
-        take: called as each call goes out, which makes room. A stream whose calls outlast its chunk
-        period then finds its chunks at hand (:meth:`_take_ready`) and catches up, and a producer that
-        makes each chunk when asked (a model's generate loop) makes the next one while this one decodes.
-        Bounded by that room, so a consumer that stops asking for tiles still stops intake."""
+        """Once the stream has fallen behind its source (a chunk was already waiting when it asked), let a
+        reader pull the source's chunks in the background, up to what the next call can take: called as
+        each call goes out, which makes room. A stream whose calls outlast its chunk period then finds its
+        chunks at hand (:meth:`_take_ready`) and catches up, instead of taking one chunk per call and
+        staying behind. A stream that keeps up pulls each chunk itself: the reader costs a task switch
+        per chunk. Bounded by that room, so a consumer that stops asking for tiles still stops intake."""
         if not self._reads_ahead or self._closed:
             return
         if self._reader is None:
+            if not self._behind:
+                return
             source: AsyncIterator[Any] = self._source  # type: ignore[assignment]
             self._reader = asyncio.ensure_future(_read_source(weakref.ref(self), source))
         elif self._room is not None and self._has_room():
@@ -648,8 +654,12 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 raise StopAsyncIteration from None
         if self._reader is not None:
             return await self._from_reader(timeout)
-        if self._pending is None and timeout is None:
-            return await self._source.__anext__()  # type: ignore[union-attr]  # no flush timer: no task needed
+        if self._pending is None and timeout is None:  # no flush timer: no task needed
+            asked = _monotonic()
+            chunk = await self._source.__anext__()  # type: ignore[union-attr]
+            # back without a turn of the event loop: the chunk was made before the stream asked
+            self._behind = _monotonic() - asked < _AT_HAND_S
+            return chunk
         if self._pending is None:
             # A task, so that a timeout leaves the pull running (cancelling it would close the source).
             self._pending = asyncio.ensure_future(self._source.__anext__())  # type: ignore[union-attr]

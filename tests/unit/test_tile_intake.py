@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 
@@ -57,19 +58,20 @@ async def test_chunks_at_hand_share_one_call(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["stateful", "halo"])
 async def test_a_plain_async_generator_is_read_ahead_so_a_slow_engine_catches_up(mode: str) -> None:
-    """A source without take_ready whose chunks come faster than the engine's calls (4 frames every 5 ms
-    against 40 ms a call): the chunks that arrive while a call is in flight are pulled meanwhile, so later
-    calls take several at once and the stream catches up, where pulling one chunk per call would make a
-    call per chunk; the audio is the whole clip's."""
+    """A source without take_ready whose chunks come faster than the engine's calls (4 frames due every
+    5 ms against 40 ms a call): once the stream finds a chunk already waiting, the chunks that come while
+    a call is in flight are pulled meanwhile, so later calls take several at once and the stream catches
+    up, where pulling one chunk per call would make a call per chunk; the audio is the whole clip's."""
     from streamdec.engine.simulated import SimulatedCost
 
     codec = streamdec.load_codec("tiny")
     latents = torch.randn(96, codec.latent_dim, generator=torch.Generator().manual_seed(5))
     chunks = latents.split(4)
 
-    async def produce() -> AsyncIterator[torch.Tensor]:
-        for chunk in chunks:
-            await asyncio.sleep(0.005)
+    async def produce() -> AsyncIterator[torch.Tensor]:  # a model ahead of the decoder: chunks on a clock
+        start = time.monotonic()
+        for k, chunk in enumerate(chunks):
+            await asyncio.sleep(max(0.0, start + 0.005 * k - time.monotonic()))
             yield chunk
 
     engine = simulated_engine(
