@@ -518,7 +518,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         )
         self._is_async = isinstance(chunks, AsyncIterable)
         self._pending: asyncio.Future[Any] | None = None  # a pull from an async source still waiting
-        # An async source without take_ready gets a reader once the stream's first call goes out (see
+        # An async source without take_ready gets a reader once the stream falls behind it (see
         # _read_ahead): chunks that came in, then its end or its error, in order, with their frames.
         self._reads_ahead = self._is_async and getattr(self._source, "take_ready", None) is None
         self._reader: asyncio.Task[None] | None = None
@@ -552,7 +552,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
                 self._free()
                 raise StopAsyncIteration
             began = time.monotonic()
-            self._read_ahead()  # while the call is in flight
+            self._read_ahead()  # as the call goes out: it made room
             tile = self._tile(job, await self._engine_call(job), began)
         except StopAsyncIteration:
             raise
@@ -622,7 +622,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         if not self._reads_ahead or self._closed:
             return
         if self._reader is None:
-            if not self._behind:
+            if not self._behind or self._pending is not None:  # one pull of the source at a time
                 return
             source: AsyncIterator[Any] = self._source  # type: ignore[assignment]
             self._reader = asyncio.ensure_future(_read_source(weakref.ref(self), source))
@@ -677,7 +677,9 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
             if timeout is None:
                 await arrival
             else:  # on a timeout only this wait ends; the reader goes on pulling
-                await asyncio.wait_for(asyncio.shield(arrival), timeout)
+                done, _ = await asyncio.wait({arrival}, timeout=timeout)
+                if not done:
+                    raise TimeoutError
         item = self._ahead.popleft()
         if isinstance(item, _SourceEnd):
             if item.error is not None:

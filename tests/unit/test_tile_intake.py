@@ -133,3 +133,27 @@ async def test_a_source_error_read_ahead_comes_after_the_chunks_before_it() -> N
         assert dec.stats.open_streams == 0
     # every frame whose right context had arrived went out before the error
     assert sum(got) == 40 - dec.right
+
+
+async def test_a_stream_reading_ahead_still_flushes_for_its_listener() -> None:
+    """A stream that fell behind (its first chunks all at hand) reads ahead; when its source then slows
+    down, waiting for the reader times out at the flush time and the ready frames go out below the
+    smallest step, as without reading ahead; the audio is the whole clip's."""
+    from streamdec.engine.simulated import SimulatedCost
+
+    codec = streamdec.load_codec("tiny")
+    latents = torch.randn(40, codec.latent_dim, generator=torch.Generator().manual_seed(8))
+
+    async def produce() -> AsyncIterator[torch.Tensor]:
+        for i in range(40):
+            if i >= 20:
+                await asyncio.sleep(0.03)  # slower than the listener needs
+            yield latents[i : i + 1]
+
+    engine = simulated_engine(codec, cost=SimulatedCost(5.0, 0.0), max_streams=2)
+    decoder = StreamDecoder(codec, engine=engine, min_emit=4, max_emit=16, listener_prebuffer=0.02)  # type: ignore[arg-type]
+    async with decoder as dec:
+        tiles = [t async for t in dec.decode_tiles(produce())]
+        expected = await dec.decode(latents)
+    assert torch.equal(torch.cat([t.samples for t in tiles], dim=-1), expected)
+    assert any(t.frames < 4 for t in tiles[:-1])  # flushed below the smallest step before the end
