@@ -71,7 +71,9 @@ async def test_a_plain_async_generator_is_read_ahead_so_a_slow_engine_catches_up
     async def produce() -> AsyncIterator[torch.Tensor]:  # a model ahead of the decoder: chunks on a clock
         start = time.monotonic()
         for k, chunk in enumerate(chunks):
-            await asyncio.sleep(max(0.0, start + 0.005 * k - time.monotonic()))
+            delay = start + 0.005 * k - time.monotonic()
+            if delay > 0:  # a chunk already due is at hand: no turn of the loop before it comes
+                await asyncio.sleep(delay)
             yield chunk
 
     engine = simulated_engine(
