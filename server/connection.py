@@ -126,7 +126,8 @@ class _GoingAway:
 
 
 class _Outbox:
-    """The connection's outgoing queue: audio waits for room (``limit``), control messages never do."""
+    """The connection's outgoing queue, sent in order by the writer task. Control messages always go in;
+    audio only while fewer than ``limit`` items wait (the connection parks the rest, pausing its stream)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -147,12 +148,7 @@ class _Outbox:
             self._changed = anyio.Event()
         await self._changed.wait()
 
-    async def put_audio(self, data: bytes) -> None:
-        while len(self.items) >= self.limit and not self.closed:
-            await self._wait()
-        self.put_control(data)
-
-    def put_control(self, item: Any) -> None:
+    def put(self, item: Any) -> None:
         if self.closed:
             raise anyio.ClosedResourceError
         self.items.append(item)
@@ -304,7 +300,7 @@ class Connection:
             self._tg = tg
             tg.start_soon(self._guarded, self._writer)
             tg.start_soon(self._guarded, self._watchdog)
-            self.outbox.put_control(self.state.ready())
+            self.outbox.put(self.state.ready())
             await self._guarded(self._reader)
             tg.cancel_scope.cancel()  # the socket closed or failed: drop every stream
         self.outbox.close()
@@ -375,13 +371,13 @@ class Connection:
         while self.streams:
             await anyio.sleep(0.01)
         with contextlib.suppress(anyio.ClosedResourceError):
-            self.outbox.put_control(_GoingAway())
+            self.outbox.put(_GoingAway())
         await self.ws.wait_closed()
 
     # -- outbound ----------------------------------------------------------------------------------
     def _control(self, msg: ServerControl | bytes) -> None:
         with contextlib.suppress(anyio.ClosedResourceError):  # the connection is ending anyway
-            self.outbox.put_control(msg)
+            self.outbox.put(msg)
 
     async def _writer(self) -> None:
         """Sends the outbox in order; a backlog that made no progress for ``send_timeout`` means overloaded."""

@@ -420,13 +420,6 @@ class _StreamCore:
         )
         raise _overflow_error(f"frames {start}..{end}")
 
-    def _complete(self, job: Job | StepJob, audio: DecodedAudio) -> Tile:
-        if isinstance(self.session, StatefulSession):
-            assert isinstance(job, StepJob)
-            return self.session.complete(job, audio.samples, audio)
-        assert isinstance(job, Job)
-        return self.session.complete(job, audio.samples, audio)
-
     def __del__(self) -> None:
         # A stream dropped without being closed (a `break` outside `async with`) still gives back its
         # slot and count; an iterator's source is closed by the garbage collector's own finalizers.
