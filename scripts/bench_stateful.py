@@ -144,21 +144,41 @@ async def _run(args: argparse.Namespace) -> None:
             await engine.aclose()
             torch.cuda.empty_cache()
     result.result["whole_clip"] = _whole_clip_cost(codec, result.result["modes"])
+    _against_whole_clip(result.result)
     result.save()
 
 
 def _device_cost(sweep_out: dict[str, Any], codec: Any, seconds: float) -> list[dict[str, Any]]:
-    """Engine device seconds per second of streamed audio at each point, with the mean batch."""
+    """Engine device seconds per second of streamed audio at each point, with the mean batch, and split
+    by kind of call (primes, steps, flushes) where the calls were timed."""
     rows = []
     for point in sweep_out["decoder"]:
         audio_s = point["streams"] * seconds
         busy = point.get("busy_fraction") or 0.0
+        by_kind = point.get("device_s_by_kind") or {}
         rows.append({
             "streams": point["streams"],
             "device_s_per_audio_s": busy * point["wall_s"] / audio_s,
+            "by_kind": {kind: device_s / audio_s for kind, device_s in by_kind.items()},
             "mean_batch": point.get("mean_batch"),
         })  # fmt: skip
     return rows
+
+
+def _against_whole_clip(result: dict[str, Any]) -> None:
+    """Each point's device time per audio second over a whole-clip decode's at batch 8 and 32, in all
+    and by kind of call: the figure the stateful mode is held to."""
+    whole = result["whole_clip"]
+    for entry in result["modes"].values():
+        for row in entry.get("device_per_audio_second", []):
+            row["over_whole_clip"] = {
+                batch: {
+                    "all": row["device_s_per_audio_s"] / w["device_s_per_audio_s"],
+                    **{kind: v / w["device_s_per_audio_s"] for kind, v in row["by_kind"].items()},
+                }
+                for batch, w in whole.items()
+                if batch != "1"
+            }
 
 
 def _whole_clip_cost(codec: Any, modes: dict[str, Any]) -> dict[str, Any]:

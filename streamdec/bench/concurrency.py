@@ -26,6 +26,7 @@ import contextlib
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ import torch
 from .. import settings
 from ..codecs import Codec
 from ..engine import Engine
+from ..engine.base import DeviceCall
 from ..planning import StreamPlanner
 from ..session import FIRST_CALL_DUE_S, StatefulSession, StepPolicy
 from ..streaming import StreamDecoder
@@ -326,6 +328,7 @@ async def _run_point(
         "busy_fraction": (after.decode_seconds - before.decode_seconds) / wall if wall > 0 else None,
         "gpu_util_pct": sampler.mean(),
         "gpu_util_source": "nvml" if sampler.available else "engine decode_seconds / wall (busy_fraction)",
+        "device_s_by_kind": device_seconds_by_kind(engine.recent_calls(), since=monotonic_at_began),
     }
     if s.timeline:
         first = min(r.start for r in records)  # the streams' clock, after any shift
@@ -348,6 +351,18 @@ async def _run_point(
             ],
         }  # fmt: skip
     return records, usage
+
+
+def device_seconds_by_kind(calls: Sequence[DeviceCall], since: float) -> dict[str, float] | None:
+    """Device seconds of the calls launched at or after ``since``, by kind of call ("prime", "step",
+    "flush", "window"): where a stream's device time goes. None where the engine times no call (the CPU)."""
+    totals: dict[str, float] = {}
+    timed = False
+    for call in calls:
+        if call.launched >= since and call.device_s is not None:
+            totals[call.kind] = totals.get(call.kind, 0.0) + call.device_s
+            timed = True
+    return {kind: round(seconds, 4) for kind, seconds in sorted(totals.items())} if timed else None
 
 
 async def sweep(

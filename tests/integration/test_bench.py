@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from streamdec.bench import BenchConfig, run
 from streamdec.bench.cli import config_from_args, configure_bench, summary_table
-from streamdec.bench.concurrency import listen, simulate_policy, underruns_of
+from streamdec.bench.concurrency import device_seconds_by_kind, listen, simulate_policy, underruns_of
 from streamdec.bench.meta import ResultFile
 from streamdec.bench.quality import crossfade_chunks, error_metrics, naive_chunks, seam_samples
+from streamdec.engine.base import DeviceCall
 from streamdec.errors import ConfigError
 
 HOP = 4
@@ -56,6 +57,30 @@ def test_underrun_events_carry_their_arrival_and_stall() -> None:
     assert [at for at, _ in events] == [0.05, 0.10, 0.2]
     assert [stall for _, stall in events] == pytest.approx([0.01, 0.01, 0.06])
     assert listen(tiles, 0.0, frame_s=0.02) == (3, pytest.approx(0.08))
+
+
+def test_device_seconds_are_split_by_kind_of_call_from_the_start_of_a_point() -> None:
+    """Only calls launched at or after the point's start count; untimed calls (the CPU) give None."""
+
+    def call(kind: str, launched: float, device_s: float | None) -> DeviceCall:
+        return DeviceCall(
+            kind, 4, 16, 16, 0, launched, launched + 0.08, launched, launched + 0.01, device_s, 0.01
+        )
+
+    calls = [
+        call("step", 0.5, 0.030),  # before the point: an earlier point's call
+        call("prime", 1.0, 0.004),
+        call("step", 1.1, 0.035),
+        call("step", 1.2, 0.033),
+        call("flush", 1.3, 0.006),
+    ]
+    assert device_seconds_by_kind(calls, since=1.0) == {
+        "flush": pytest.approx(0.006),
+        "prime": pytest.approx(0.004),
+        "step": pytest.approx(0.068),
+    }
+    assert device_seconds_by_kind([call("window", 1.0, None)], since=0.0) is None
+    assert device_seconds_by_kind(calls, since=2.0) is None
 
 
 def test_policy_simulation_finds_the_chunk_completing_the_first_window() -> None:
