@@ -357,12 +357,10 @@ def device_seconds_by_kind(calls: Sequence[DeviceCall], since: float) -> dict[st
     """Device seconds of the calls launched at or after ``since``, by kind of call ("prime", "step",
     "flush", "window"): where a stream's device time goes. None where the engine times no call (the CPU)."""
     totals: dict[str, float] = {}
-    timed = False
     for call in calls:
         if call.launched >= since and call.device_s is not None:
             totals[call.kind] = totals.get(call.kind, 0.0) + call.device_s
-            timed = True
-    return {kind: round(seconds, 4) for kind, seconds in sorted(totals.items())} if timed else None
+    return {kind: round(seconds, 4) for kind, seconds in sorted(totals.items())} if totals else None
 
 
 async def sweep(
