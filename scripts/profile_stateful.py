@@ -45,11 +45,11 @@ def _way(name: str) -> Iterator[None]:
         stateful._identity_parts = original
 
 
-def _top(prof: profile, rows: int) -> str:
+def top_kernels(prof: profile, rows: int) -> str:
     return str(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60))
 
 
-def _profiled(fn: Callable[[], Any]) -> tuple[profile, float, int]:
+def profiled(fn: Callable[[], Any]) -> tuple[profile, float, int]:
     """``fn`` once under the profiler: (profile, ms of kernels, device launches: kernels, copies, sets)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
@@ -113,7 +113,7 @@ def main() -> None:
                     outs[way] = (pool.step(index, z)[live], pool.flat[:slots].clone())  # scratch row: any
                     pool.step(index, z)  # warm-up (Triton compiles, allocator)
                     step = functools.partial(pool.step, index, z)
-                    prof, kernel_ms, launches = _profiled(step)
+                    prof, kernel_ms, launches = profiled(step)
                     tops.setdefault(way, prof)
                     replay_ms, gib = _graph_row(step, args.replays, args.repeats)
                 bucket = f"{batch}x{frames}"
@@ -126,12 +126,12 @@ def main() -> None:
             print(f"{'':>8} same bits, every way: audio {same_audio}, new state {same_state}")
         whole = torch.randn(max(1, args.batch * args.frames // 64), 64, codec.latent_dim, device="cuda")
         codec.decode(whole)
-        whole_prof, whole_ms, whole_launches = _profiled(lambda: codec.decode(whole))
+        whole_prof, whole_ms, whole_launches = profiled(lambda: codec.decode(whole))
     for way, prof in tops.items():
         print(f"== step {args.batch}x{args.frames}, {way}")
-        print(_top(prof, args.rows))
+        print(top_kernels(prof, args.rows))
     print(f"== whole clip {tuple(whole.shape[:2])}: {whole_ms:.1f} ms of kernels, {whole_launches} launches")
-    print(_top(whole_prof, args.rows))
+    print(top_kernels(whole_prof, args.rows))
 
 
 if __name__ == "__main__":

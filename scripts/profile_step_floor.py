@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.profiler import DeviceType, ProfilerActivity, profile
+from profile_stateful import profiled, top_kernels
 
 from streamdec.codecs import load_codec
 from streamdec.codecs.stateful import StatefulNet
@@ -29,15 +29,11 @@ z = torch.randn(B, F, codec.latent_dim, device="cuda", generator=gen)
 
 
 def prof(fn: Callable[[], Any], rows: int = 40, title: str = "") -> None:
-    fn()
+    fn()  # warm-up: Triton compiles, allocator
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        fn()
-        torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in p.key_averages()) / 1e3
-    launches = sum(1 for e in p.events() if e.device_type == DeviceType.CUDA)
+    p, total, launches = profiled(fn)
     print(f"== {title}: {total:.2f} ms of kernels, {launches} launches")
-    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+    print(top_kernels(p, rows))
 
 
 with torch.inference_mode(), codec.numerics():
