@@ -45,6 +45,8 @@ class DecoderOptions:
     inductor_cache: str | None = None
     #: stateful slots, as ``serve --max-streams-total N`` allocates N (None: the decoder's default)
     slots: int | None = None
+    #: the CPUs the process runs on once warm, as ``serve --cpus`` (None: wherever the scheduler puts it)
+    cpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,10 @@ async def _build(options: DecoderOptions) -> Any:
     await decoder.warmup()
     decoder.freeze()
     settings.freeze_heap()  # as serve does after warm-up
+    if options.cpus is not None:
+        from streamdec.affinity import pin
+
+        pin(frozenset(options.cpus))
     return decoder
 
 

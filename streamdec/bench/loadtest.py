@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from streamdec import settings
+from streamdec.affinity import available_cpus, check_cpus, format_cpus, parse_cpus, pin, thread_cpus
+from streamdec.errors import ConfigError
 
 from .loadclient import ClientPlan, ClientReport, StreamPlan, client_main, stream_latents
 from .loaddecoder import DecoderOptions, DecoderRun, decoder_main
@@ -274,9 +276,13 @@ def _client_plans(
 
 
 def _drive(
-    clients: list[ClientPlan], figures: ServerFigures, connect_timeout: float
+    clients: list[ClientPlan],
+    figures: ServerFigures,
+    connect_timeout: float,
+    cpus: frozenset[int] | None = None,
 ) -> tuple[list[ClientReport], Probe, Probe, float]:
-    """Spawn the client processes, start them together, collect their reports and the server probes."""
+    """Spawn the client processes (on ``cpus``, if given), start them together, collect their reports and
+    the server probes."""
     ctx = mp.get_context("spawn")  # no inherited event loop, threads or torch state
     pipes: list[Connection] = []
     procs = []
@@ -285,6 +291,9 @@ def _drive(
         proc = ctx.Process(target=client_main, args=(plan, child), daemon=True)
         proc.start()
         child.close()
+        if cpus is not None:
+            assert proc.pid is not None
+            pin(cpus, proc.pid)  # before it starts a thread: those it starts inherit the CPUs
         pipes.append(parent)
         procs.append(proc)
     early: dict[int, ClientReport] = {}
@@ -321,14 +330,19 @@ class WebsocketTarget:
 
     name = "websocket"
 
-    def __init__(self, url: str, figures: ServerFigures, token: str | None) -> None:
+    def __init__(
+        self, url: str, figures: ServerFigures, token: str | None, cpus: frozenset[int] | None = None
+    ) -> None:
         self.url, self.figures, self.token = url, figures, token
+        self.cpus = cpus  # where the client processes run (None: anywhere)
 
     def execute(
         self, plans: list[StreamPlan], s: LoadSettings, geo: CodecGeometry
     ) -> tuple[list[ClientReport], Probe, Probe, float, int]:
         clients = _client_plans(self.url, plans, s, geo, self.token)
-        reports, before, after, t0 = _drive(clients, self.figures, connect_timeout=120 + len(plans) / 10)
+        reports, before, after, t0 = _drive(
+            clients, self.figures, connect_timeout=120 + len(plans) / 10, cpus=self.cpus
+        )
         return reports, before, after, t0, len(clients)
 
 
@@ -565,6 +579,9 @@ def configure_loadtest(parser: argparse.ArgumentParser) -> None:
     a("--simulated-cost-ms", default="0,0", metavar="FIXED,PER_FRAME", help="with --engine simulated (0,0)")
     a("--server-arg", action="append", default=[], metavar="ARG",
       help="extra argument for `streamdec serve` (repeat it), e.g. --server-arg=--precision=fp16x3")  # fmt: skip
+    a("--server-cpus", metavar="LIST",
+      help="the CPUs the server (or the decoder target's process) runs on once warm, as `serve --cpus`, e.g. 0; "
+           "the load test's client processes then keep off them (default: no pinning)")  # fmt: skip
     a("--server-threads", type=int,
       help="OMP_NUM_THREADS of the server process: torch's intra-op threads, which its event loop also uses "
            "for small tensor work (default: inherited)")  # fmt: skip
@@ -641,7 +658,6 @@ def _settings(args: argparse.Namespace) -> LoadSettings:
         seed=args.seed,
         reference_tolerance=args.reference_tolerance,
     )
-    from streamdec.errors import ConfigError
 
     for name in ("chunk_frames", "streams_per_connection", "streams_per_process"):
         if getattr(s, name) < 1:
@@ -673,7 +689,8 @@ def _serve_args(args: argparse.Namespace, s: LoadSettings) -> list[str]:
         "--max-streams", str(max(8, s.streams_per_connection)),
         "--min-emit", str(s.min_emit), *(() if s.max_emit is None else ("--max-emit", str(s.max_emit))),
         "--engine", args.engine, "--simulated-cost-ms", args.simulated_cost_ms, "--precision", args.precision,
-        "--inductor-cache", args.inductor_cache, *args.server_arg,
+        "--inductor-cache", args.inductor_cache, *(() if args.server_cpus is None else ("--cpus", args.server_cpus)),
+        *args.server_arg,
     ]  # fmt: skip
 
 
@@ -698,15 +715,20 @@ def _open_target(
         "engine": args.engine,
         "simulated_cost_ms": args.simulated_cost_ms if args.engine == "simulated" else None,
     }
+    server_cpus, client_cpus = _placement(args.server_cpus)
+    result["client_cpus"] = None if client_cpus is None else format_cpus(client_cpus)
     if args.target == "decoder":
         options = DecoderOptions(
             args.codec, args.device, args.engine, args.simulated_cost_ms, args.precision, s.min_emit, s.max_emit,
-            args.inductor_cache, _most_streams(args),
+            args.inductor_cache, _most_streams(args), None if server_cpus is None else tuple(sorted(server_cpus)),
         )  # fmt: skip
         decoder = DecoderTarget(options, args.server_timeout)
         closers.append(decoder.close)
         geo = CodecGeometry.from_json(decoder.codec)
-        result["server"] = {"target": "decoder", "options": asdict(options), **engine, "codec": asdict(geo)}
+        result["server"] = {
+            "target": "decoder", "options": asdict(options), **engine, "codec": asdict(geo),
+            "cpus": _process_cpus(decoder.proc.pid),
+        }  # fmt: skip
         return decoder, geo
     if args.url is None:
         threads = {} if args.server_threads is None else {"OMP_NUM_THREADS": str(args.server_threads)}
@@ -726,8 +748,32 @@ def _open_target(
     figures = ServerFigures(re.sub(r"^ws", "http", url.split("/v1/")[0]), pid)
     health = json.loads(figures.get("/healthz"))
     geo = CodecGeometry.from_json(health["codec"])
-    result["server"].update(engine, codec=asdict(geo), event_loop=health.get("event_loop"))
-    return WebsocketTarget(url, figures, args.token), geo
+    result["server"].update(
+        engine, codec=asdict(geo), event_loop=health.get("event_loop"), cpus=_process_cpus(pid)
+    )
+    return WebsocketTarget(url, figures, args.token, client_cpus), geo
+
+
+def _placement(server_cpus: str | None) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """The server's CPUs (``--server-cpus``) and the clients' (every other CPU this process may use), or
+    None and None: no pinning."""
+    if server_cpus is None:
+        return None, None
+    cpus = check_cpus(parse_cpus(server_cpus))
+    rest = available_cpus() - cpus
+    if not rest:
+        raise ConfigError(
+            f"--server-cpus {server_cpus}: no CPU is left for the load test's clients "
+            f"(this process may use {format_cpus(available_cpus())})"
+        )
+    return cpus, rest
+
+
+def _process_cpus(pid: int | None) -> str | None:
+    """The CPUs any thread of process ``pid`` may run on now, as a CPU list (None where unknown): what the
+    run measured, pinned or not."""
+    masks = thread_cpus(pid) if pid is not None else {}
+    return format_cpus(frozenset().union(*masks.values())) if masks else None
 
 
 def run_loadtest(args: argparse.Namespace) -> int:

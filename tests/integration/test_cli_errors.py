@@ -133,6 +133,12 @@ def test_port_in_use(files: Path) -> None:
     _assert_one_line_mistake(result, f"127.0.0.1:{port}", "in use", "--port 0")
 
 
+def test_serve_refuses_cpus_it_may_not_use_before_loading_anything(files: Path) -> None:
+    """`serve --cpus` naming a CPU this process may not run on fails at once, naming the ones it may."""
+    result = _run("serve", "--codec", "tiny", "--port", "0", "--cpus", "100000", cwd=files, timeout=60)
+    _assert_one_line_mistake(result, "CPUs 100000", "may run on")
+
+
 def test_bad_url_scheme(files: Path) -> None:
     """An http:// URL is refused before connecting, with the URL form to use."""
     result = _run("stream", "good.npy", "out.wav", "--url", "http://127.0.0.1:8765/v1/stream", cwd=files)

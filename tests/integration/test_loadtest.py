@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from streamdec.affinity import parse_cpus
 from streamdec.bench import loadtest
 from streamdec.bench.loadstats import parse_prometheus
 from support.server_support import running_server, tiny_codec
@@ -64,6 +66,23 @@ def test_loadtest_smoke_writes_every_figure(tmp_path: Path) -> None:
     assert set(server["engine_calls_by_tier"]) == {"simulated"}  # every call of the run, none eager
     assert run["messages_per_s"]["latents_in"] > 0 and run["messages_per_s"]["audio_out"] > 0
     assert run["clients"]["send_late_ms"]["n"] > 0 and run["clients"]["pull_late_ms"]["n"] == 0
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs on Linux"
+)
+def test_server_cpus_pin_the_server_once_warm_and_keep_the_clients_off_them(tmp_path: Path) -> None:
+    """--server-cpus: the server it starts runs every thread on that CPU (serve --cpus), its clients on the
+    others, and the JSON says where each ran."""
+    cpus = sorted(os.sched_getaffinity(0))
+    done, result = _loadtest(tmp_path, "--streams", "2", "--server-cpus", str(cpus[0]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"--cpus {cpus[0]}" in result["server"]["command"]
+    assert f"streamdec: running on CPUs {cpus[0]}" in result["server"]["output"]
+    assert result["server"]["cpus"] == str(cpus[0])  # every thread of the server, as the run found them
+    assert parse_cpus(result["client_cpus"]) == set(cpus[1:])
+    (run,) = result["runs"]
+    assert run["holds"] and run["sample_problems"] == 0
 
 
 def test_decoder_target_runs_the_same_streams_into_one_streamdecoder(tmp_path: Path) -> None:
