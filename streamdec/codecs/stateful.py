@@ -267,9 +267,28 @@ class Leaf(Stateful):
         return m - self.b
 
     def prime(self, x: Tensor, states: StateIO) -> Tensor:
-        self._prime_state(x, states, pad="replicate")
-        out: Tensor = self.layer(x)
-        return out[..., : x.shape[-1] - self.b]
+        return self._prime(x, states, None)[0]
+
+    def prime_before(self, x: Tensor, states: StateIO, conv: Conv) -> tuple[Tensor, Tensor | None]:
+        """:meth:`prime`, and the row peaks of its output where ``conv`` (the convolution after it, whose
+        prime pads with zeros only) runs the float16 split, which then takes no pass of its own for them;
+        None elsewhere."""
+        return self._prime(x, states, conv)
+
+    def _prime(self, x: Tensor, states: StateIO, conv: Conv | None) -> tuple[Tensor, Tensor | None]:
+        # The window from the stream's first sample is the layer's own output there (its replicate padding
+        # included), and only the outputs whose reach has arrived are computed: no cropped copy for the
+        # next layer to make contiguous. The fused activation writes the new state as it reads it.
+        if x.shape[-1] < self.state_len:
+            raise _TooShort
+        head, length, target = x[..., :0], x.shape[-1] - self.b, self._target(states)
+        if conv is not None and conv.conv.takes_peak(x):
+            out, peak = self.layer.window_with_peak(head, x, 0, length, None, target)
+        else:
+            out, peak = self.layer.window(head, x, 0, length, target), None
+        if target is None:
+            self._keep(x, states)
+        return out, peak
 
     def _history(self, x: Tensor, states: StateIO) -> Tensor:
         return states.get(self.index) if self.state_len else x[..., :0]
@@ -326,10 +345,19 @@ class Conv(Stateful):
             raise _TooShort
         return m - self.right
 
-    def prime(self, x: Tensor, states: StateIO) -> Tensor:
-        self._prime_state(x, states, pad="zeros")
-        out: Tensor = self.conv(x)
-        return out[..., : x.shape[-1] - self.right]
+    def prime(
+        self, x: Tensor, states: StateIO, peak: Tensor | None = None, residual: Tensor | None = None
+    ) -> Tensor:
+        """The outputs whose right reach has arrived, computed alone (the zeros on the right that the
+        layer's own padding would add are never read by them), plus ``residual`` (a residual unit's
+        delayed identity, read in place by the float16 kernel's epilogue); ``peak``: the row peaks of
+        ``x``, if the activation before handed them over. The float16 split writes the new state as it
+        reads ``x`` where ``x`` covers it; a shorter prime keeps its zero-padded state apart."""
+        target = states.target(self.index) if 0 < self.state_len <= x.shape[-1] else None
+        out = self.conv.convolve(x, (self.conv.pad_left, 0), None, None, peak, residual, keep=target)
+        if target is None:
+            self._prime_state(x, states, pad="zeros")
+        return out
 
     # Steps hand the kept history to the convolution as a separate head: the float16 kernel's input split
     # reads history and new samples in place, so no concatenated buffer is written and read back.
@@ -498,9 +526,23 @@ class Seq(Node):
     def leaves(self) -> list[Stateful]:
         return [leaf for node in self.nodes for leaf in node.leaves()]
 
-    def prime(self, x: Tensor, states: StateIO) -> Tensor:
-        for node in self.nodes:
-            x = node.prime(x, states)
+    def prime(self, x: Tensor, states: StateIO, residual: Tensor | None = None) -> Tensor:
+        """The nodes in order, plus ``residual`` at the end (in the last node's epilogue if it is a
+        convolution); where ``states.fuse``, an activation hands its row peaks to the convolution after
+        it, as in :meth:`step`."""
+        peak, last = None, len(self.nodes) - 1
+        for i, node in enumerate(self.nodes):
+            after = self.nodes[i + 1] if i < last else None
+            if isinstance(node, Conv):
+                x = node.prime(x, states, peak, residual if i == last else None)
+            elif states.fuse and isinstance(node, Leaf) and isinstance(after, Conv):
+                x, peak = node.prime_before(x, states, after)
+                continue
+            else:
+                x = node.prime(x, states)
+            peak = None
+        if residual is not None and not _ends_in_conv(self):
+            x = residual + x
         return x
 
     def step(
@@ -514,7 +556,7 @@ class Seq(Node):
         epilogue if it is a convolution. Where ``states.fuse``, an activation hands its row peaks to the
         convolution after it."""
         peak, last = None, len(self.nodes) - 1
-        ends_in_conv = bool(self.nodes) and isinstance(self.nodes[-1], Conv)
+        ends_in_conv = _ends_in_conv(self)
         if residual_head is not None and not ends_in_conv:
             residual, residual_head = joined_residual(residual_head, residual), None
         for i, node in enumerate(self.nodes):
@@ -588,17 +630,32 @@ class Residual(_Parallel):
         branch, identity = outs
         return identity + branch if self.identity_first else branch + identity
 
+    def prime(self, x: Tensor, states: StateIO) -> Tensor:
+        """As :meth:`step`: where ``states.fuse`` and the branch ends in a convolution, the delayed identity
+        (a view of ``x``) is added in that convolution's epilogue."""
+        branch, identity = self.branches
+        if states.fuse and _ends_in_conv(branch):
+            assert isinstance(branch, Seq)
+            return branch.prime(x, states, residual=identity.prime(x, states))
+        return super().prime(x, states)
+
     def step(self, x: Tensor, states: StateIO) -> Tensor:
         """Where ``states.fuse`` and the branch ends in a convolution, the identity is added in that
         convolution's epilogue: one float32 add of the same two values (``a + b`` and ``b + a`` round
         alike, so either family order gives the same bits), and no separate pass over the output."""
         branch, identity = self.branches
-        if states.fuse and isinstance(branch, Seq) and branch.nodes and isinstance(branch.nodes[-1], Conv):
+        if states.fuse and _ends_in_conv(branch):
+            assert isinstance(branch, Seq)
             kept, new = _identity_parts(identity, x, states)
             return branch.step(x, states, residual=new, residual_head=kept)
         # The identity first: its delay line may read the state the branch's first layer then replaces.
         delayed = identity.step(x, states)
         return self.combine([branch.step(x, states), delayed])
+
+
+def _ends_in_conv(node: Node) -> bool:
+    """Whether ``node`` is a sequence whose last node is a convolution (which can add a residual)."""
+    return isinstance(node, Seq) and bool(node.nodes) and isinstance(node.nodes[-1], Conv)
 
 
 def _identity_delay(identity: Node) -> Delay | None:

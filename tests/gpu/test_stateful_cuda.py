@@ -166,20 +166,20 @@ def test_fused_calls_give_the_per_layer_bits(auk: Codec, frames: int) -> None:
 def test_padding_rows_are_skipped_without_changing_a_real_row(auk: Codec) -> None:
     """fp16x3 auk-24k, eager and in a captured step graph: with the count of real rows given, the real
     rows' audio and new states are the bits of a call that computes every row (the padding rows, on the
-    scratch slot, come last)."""
+    scratch slot, come last); a prime's too."""
     assert auk.use_auto_precision() == "fp16x3"
     net = StatefulNet(auk)
     cuda = torch.device("cuda")
     pools = [StatePool(net, 6, device=cuda, dtype=torch.float32) for _ in range(2)]
     gen = torch.Generator(device="cuda").manual_seed(11)
-    every = torch.arange(6, device="cuda")
-    prime = torch.randn(6, net.min_prime_frames + 2, 64, device="cuda", generator=gen)
     index = torch.tensor([4, 1, 0, 6, 6, 6, 6, 6], device="cuda")  # 6: the scratch slot
     live = torch.tensor([3], device="cuda")
+    prime = torch.randn(8, net.min_prime_frames + 2, 64, device="cuda", generator=gen)
     z = torch.randn(8, 4, 64, device="cuda", generator=gen)
     with torch.inference_mode(), auk.numerics():
-        for pool in pools:
-            pool.prime(every, prime)
+        primed = [pools[0].prime(index, prime), pools[1].prime(index, prime, live)]
+        assert torch.equal(primed[0][:3], primed[1][:3])
+        assert torch.equal(pools[0].flat[:6], pools[1].flat[:6])
         for _ in range(2):
             every_row, skipping = pools[0].step(index, z), pools[1].step(index, z, live)
             assert torch.equal(every_row[:3], skipping[:3])

@@ -380,6 +380,41 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
     )
 
 
+@needs_interpreter
+@pytest.mark.timeout(1800)
+def test_fused_prime_on_the_interpreted_kernels_gives_the_per_layer_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tiny-codec fp16x3 prime on the kernels a GPU runs (interpreted): the fused prime (row peaks from
+    the window op, residuals in the conv epilogue, new states written by the splits and the activations
+    where the input covers them) gives the per-layer prime's audio and states bit for bit."""
+    on, calls = _route_through_interpreted_kernels(monkeypatch)
+    codec = streamdec.load_codec("tiny")
+    codec.precision = "fp16x3"
+    net = StatefulNet(codec)
+    pools = [
+        StatePool(net, 3, device=torch.device("cpu"), dtype=torch.float32, fused=f) for f in (True, False)
+    ]
+    gen = torch.Generator().manual_seed(8)
+    prime = torch.randn(2, net.min_prime_frames + 1, codec.latent_dim, generator=gen)
+    slots = torch.tensor([2, 0])
+    on[0] = True
+    outs, handed, in_parts, kept = [], [], [], []
+    with torch.inference_mode():
+        for pool in pools:
+            calls.clear()
+            outs.append(pool.prime(slots, prime))
+            handed.append(calls["alias_free_activation_window_peak"])
+            in_parts.append(calls["residual in two parts"])
+            kept.append(calls["state kept by the kernel"])
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(pools[0].flat[[0, 2]], pools[1].flat[[0, 2]])
+    assert not pools[0].flat[1].any()  # a slot the prime did not name keeps its zeros
+    assert handed[0] > 0 and handed[1] == 0  # only the fused prime hands peaks over
+    assert in_parts[0] > 0 and in_parts[1] == 0  # and adds residuals in the conv epilogue
+    assert kept[0] > 0 and kept[1] == 0  # and has its kernels write the states they read
+
+
 def test_live_rows_takes_one_int64_count_and_restores_the_outer_one() -> None:
     """The count kernels read is one int64; a nested context hands back the outer count when it ends,
     and a bad count is a typed error that leaves the context unchanged."""

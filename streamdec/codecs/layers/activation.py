@@ -210,7 +210,7 @@ class AliasFreeActivation(nn.Module):
             return alias_free.activation_window(
                 head, x, self.filter, self.act.alpha_exp, self.act.beta_inv, start, length, pool, slots
             )
-        whole: Tensor = self(torch.cat([head, x], dim=-1))
+        whole: Tensor = self(torch.cat([head, x], dim=-1) if head.shape[-1] else x)
         keep_tail(keep, head, x)
         return whole[..., start : start + length]
 
