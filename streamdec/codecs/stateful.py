@@ -70,6 +70,10 @@ __all__ = [
 ]
 
 
+#: an optional tensor a call hands a layer: row peaks, or one part of a residual
+_Opt = Tensor | None
+
+
 @dataclass(frozen=True)
 class StateSpec:
     """One state tensor of one stream: ``[channels, length]`` samples."""
@@ -323,7 +327,17 @@ class Leaf(Stateful):
         return out, peak
 
     def flush(self, x: Tensor, states: StateIO) -> Tensor:
-        return self.layer.window(self._history(x, states), x, self.a, self.b + x.shape[-1])
+        return self.flush_before(x, states, None)[0]
+
+    def flush_before(self, x: Tensor, states: StateIO, conv: Conv | None) -> tuple[Tensor, Tensor | None]:
+        """:meth:`flush` (the outputs through the stream's true end, the layer's own padding there), and
+        the row peaks ``conv``'s float16 split of its history and this output needs, as
+        :meth:`step_before` hands them over (None elsewhere)."""
+        head, length = self._history(x, states), self.b + x.shape[-1]
+        if conv is not None and conv.conv.takes_peak(x):
+            before = states.get(conv.index) if conv.state_len else None
+            return self.layer.window_with_peak(head, x, self.a, length, before)
+        return self.layer.window(head, x, self.a, length), None
 
 
 class Conv(Stateful):
@@ -346,15 +360,15 @@ class Conv(Stateful):
         return m - self.right
 
     def prime(
-        self, x: Tensor, states: StateIO, peak: Tensor | None = None, residual: Tensor | None = None
+        self, x: Tensor, states: StateIO, peak: _Opt = None, residual: _Opt = None, residual_head: _Opt = None
     ) -> Tensor:
         """The outputs whose right reach has arrived, computed alone (the zeros on the right that the
-        layer's own padding would add are never read by them), plus ``residual`` (a residual unit's
-        delayed identity, read in place by the float16 kernel's epilogue); ``peak``: the row peaks of
-        ``x``, if the activation before handed them over. The float16 split writes the new state as it
-        reads ``x`` where ``x`` covers it; a shorter prime keeps its zero-padded state apart."""
+        layer's own padding would add are never read by them), plus ``residual`` and ``peak`` as
+        :meth:`step` takes them. The float16 split writes the new state as it reads ``x`` where ``x``
+        covers it; a shorter prime keeps its zero-padded state apart."""
         target = states.target(self.index) if 0 < self.state_len <= x.shape[-1] else None
-        out = self.conv.convolve(x, (self.conv.pad_left, 0), None, None, peak, residual, keep=target)
+        pads = (self.conv.pad_left, 0)
+        out = self.conv.convolve(x, pads, None, residual, peak, residual_head, keep=target)
         if target is None:
             self._prime_state(x, states, pad="zeros")
         return out
@@ -362,12 +376,7 @@ class Conv(Stateful):
     # Steps hand the kept history to the convolution as a separate head: the float16 kernel's input split
     # reads history and new samples in place, so no concatenated buffer is written and read back.
     def step(
-        self,
-        x: Tensor,
-        states: StateIO,
-        peak: Tensor | None = None,
-        residual: Tensor | None = None,
-        residual_head: Tensor | None = None,
+        self, x: Tensor, states: StateIO, peak: _Opt = None, residual: _Opt = None, residual_head: _Opt = None
     ) -> Tensor:
         """``conv(cat(state, x))``, plus ``cat(residual_head, residual)`` (a residual unit's delayed
         identity, added in the float16 kernel's epilogue, which reads the delay line's history and new
@@ -382,9 +391,13 @@ class Conv(Stateful):
             self._keep_after(head, x, states)
         return out
 
-    def flush(self, x: Tensor, states: StateIO) -> Tensor:
+    def flush(
+        self, x: Tensor, states: StateIO, peak: _Opt = None, residual: _Opt = None, residual_head: _Opt = None
+    ) -> Tensor:
+        """``conv(cat(state, x))`` with the layer's own right padding at the stream's true end, plus
+        ``residual`` and ``peak`` as :meth:`step` takes them."""
         head = states.get(self.index) if self.state_len else None
-        return self.conv.convolve(x, (0, self.conv.pad_right), head)
+        return self.conv.convolve(x, (0, self.conv.pad_right), head, residual, peak, residual_head)
 
 
 class ConvTranspose(Stateful):
@@ -485,6 +498,16 @@ class Delay(Stateful):
             return tail
         return head if tail is None else torch.cat([head, tail], -1)
 
+    def parts(self, call: str, x: Tensor, states: StateIO) -> tuple[Tensor | None, Tensor | None]:
+        """The output of ``call`` (prime, step or flush) in two parts, oldest first, neither copied: a
+        convolution's epilogue reads each where it lies. A prime's output is one view of ``x``, given as
+        the first part (read in place as it lies, not copied contiguous first)."""
+        if call == "prime":
+            return self.prime(x, states), None
+        if call == "flush":
+            return (None, x) if self.length == 0 else (self._head(states), x)
+        return self.step_parts(x, states)
+
     def step_parts(self, x: Tensor, states: StateIO) -> tuple[Tensor | None, Tensor | None]:
         """:meth:`step`'s output in two parts, oldest first, neither copied: the kept history's part (a view
         of the state; None without a state) and the new samples' part (a view of ``x``; None when the
@@ -526,35 +549,17 @@ class Seq(Node):
     def leaves(self) -> list[Stateful]:
         return [leaf for node in self.nodes for leaf in node.leaves()]
 
-    def prime(self, x: Tensor, states: StateIO, residual: Tensor | None = None) -> Tensor:
-        """The nodes in order, plus ``residual`` at the end (in the last node's epilogue if it is a
-        convolution); where ``states.fuse``, an activation hands its row peaks to the convolution after
-        it, as in :meth:`step`."""
-        peak, last = None, len(self.nodes) - 1
-        for i, node in enumerate(self.nodes):
-            after = self.nodes[i + 1] if i < last else None
-            if isinstance(node, Conv):
-                x = node.prime(x, states, peak, residual if i == last else None)
-            elif states.fuse and isinstance(node, Leaf) and isinstance(after, Conv):
-                x, peak = node.prime_before(x, states, after)
-                continue
-            else:
-                x = node.prime(x, states)
-            peak = None
-        if residual is not None and not _ends_in_conv(self):
-            x = residual + x
-        return x
-
-    def step(
+    # A call's nodes in order, plus ``cat(residual_head, residual)`` at the end: in the last node's epilogue
+    # if it is a convolution. Where ``states.fuse``, an activation hands its row peaks to the convolution
+    # after it (``<call>_before``). The three calls take the same path through the nodes.
+    def _run(
         self,
+        call: str,
         x: Tensor,
         states: StateIO,
-        residual: Tensor | None = None,
-        residual_head: Tensor | None = None,
+        residual: Tensor | None,
+        residual_head: Tensor | None,
     ) -> Tensor:
-        """The nodes in order, plus ``cat(residual_head, residual)`` at the end: in the last node's
-        epilogue if it is a convolution. Where ``states.fuse``, an activation hands its row peaks to the
-        convolution after it."""
         peak, last = None, len(self.nodes) - 1
         ends_in_conv = _ends_in_conv(self)
         if residual_head is not None and not ends_in_conv:
@@ -562,21 +567,26 @@ class Seq(Node):
         for i, node in enumerate(self.nodes):
             after = self.nodes[i + 1] if i < last else None
             if isinstance(node, Conv):
-                x = node.step(x, states, peak, *((residual, residual_head) if i == last else (None, None)))
+                tail = (residual, residual_head) if i == last else (None, None)
+                x = getattr(node, call)(x, states, peak, *tail)
             elif states.fuse and isinstance(node, Leaf) and isinstance(after, Conv):
-                x, peak = node.step_before(x, states, after)
+                x, peak = getattr(node, f"{call}_before")(x, states, after)
                 continue
             else:
-                x = node.step(x, states)
+                x = getattr(node, call)(x, states)
             peak = None
         if residual is not None and not ends_in_conv:
             x = residual + x
         return x
 
-    def flush(self, x: Tensor, states: StateIO) -> Tensor:
-        for node in self.nodes:
-            x = node.flush(x, states)
-        return x
+    def prime(self, x: Tensor, states: StateIO, residual: _Opt = None, residual_head: _Opt = None) -> Tensor:
+        return self._run("prime", x, states, residual, residual_head)
+
+    def step(self, x: Tensor, states: StateIO, residual: _Opt = None, residual_head: _Opt = None) -> Tensor:
+        return self._run("step", x, states, residual, residual_head)
+
+    def flush(self, x: Tensor, states: StateIO, residual: _Opt = None, residual_head: _Opt = None) -> Tensor:
+        return self._run("flush", x, states, residual, residual_head)
 
 
 class _Parallel(Node):
@@ -630,27 +640,35 @@ class Residual(_Parallel):
         branch, identity = outs
         return identity + branch if self.identity_first else branch + identity
 
+    # Where ``states.fuse`` and the branch ends in a convolution, the identity is added in that
+    # convolution's epilogue: one float32 add of the same two values (``a + b`` and ``b + a`` round alike,
+    # so either family order gives the same bits), and no separate pass over the output. The identity's
+    # delay line hands its output over in two parts, read where they lie (:meth:`Delay.parts`).
     def prime(self, x: Tensor, states: StateIO) -> Tensor:
-        """As :meth:`step`: where ``states.fuse`` and the branch ends in a convolution, the delayed identity
-        (a view of ``x``) is added in that convolution's epilogue."""
-        branch, identity = self.branches
-        if states.fuse and _ends_in_conv(branch):
-            assert isinstance(branch, Seq)
-            return branch.prime(x, states, residual=identity.prime(x, states))
-        return super().prime(x, states)
+        fused = self._fused("prime", x, states)
+        return super().prime(x, states) if fused is None else fused
 
     def step(self, x: Tensor, states: StateIO) -> Tensor:
-        """Where ``states.fuse`` and the branch ends in a convolution, the identity is added in that
-        convolution's epilogue: one float32 add of the same two values (``a + b`` and ``b + a`` round
-        alike, so either family order gives the same bits), and no separate pass over the output."""
-        branch, identity = self.branches
-        if states.fuse and _ends_in_conv(branch):
-            assert isinstance(branch, Seq)
-            kept, new = _identity_parts(identity, x, states)
-            return branch.step(x, states, residual=new, residual_head=kept)
+        fused = self._fused("step", x, states)
+        if fused is not None:
+            return fused
         # The identity first: its delay line may read the state the branch's first layer then replaces.
+        branch, identity = self.branches
         delayed = identity.step(x, states)
         return self.combine([branch.step(x, states), delayed])
+
+    def flush(self, x: Tensor, states: StateIO) -> Tensor:
+        fused = self._fused("flush", x, states)
+        return super().flush(x, states) if fused is None else fused
+
+    def _fused(self, call: str, x: Tensor, states: StateIO) -> Tensor | None:
+        branch, identity = self.branches
+        if not (states.fuse and _ends_in_conv(branch)):
+            return None
+        assert isinstance(branch, Seq)
+        kept, new = _identity_parts(call, identity, x, states)  # first: it may read what the branch replaces
+        out: Tensor = getattr(branch, call)(x, states, residual=new, residual_head=kept)
+        return out
 
 
 def _ends_in_conv(node: Node) -> bool:
@@ -676,16 +694,19 @@ def _first_stateful(node: Node) -> Stateful | None:
     return None
 
 
-def _identity_parts(identity: Node, x: Tensor, states: StateIO) -> tuple[Tensor | None, Tensor | None]:
-    """A residual unit's identity path stepped on ``x``, as :meth:`Delay.step_parts` gives a delay line's
-    output (history part, new part): no concatenation where the path ends in a delay line."""
+def _identity_parts(
+    call: str, identity: Node, x: Tensor, states: StateIO
+) -> tuple[Tensor | None, Tensor | None]:
+    """A residual unit's identity path run on ``x`` (``call``: prime, step or flush), as
+    :meth:`Delay.parts` gives a delay line's output (history part, new part): no concatenation where the
+    path ends in a delay line."""
     delay = identity.nodes[-1] if isinstance(identity, Seq) and identity.nodes else None
     if not isinstance(delay, Delay):
-        return None, identity.step(x, states)
+        return None, getattr(identity, call)(x, states)
     assert isinstance(identity, Seq)
     for node in identity.nodes[:-1]:
-        x = node.step(x, states)
-    return delay.step_parts(x, states)
+        x = getattr(node, call)(x, states)
+    return delay.parts(call, x, states)
 
 
 class Mean(_Parallel):

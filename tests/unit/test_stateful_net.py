@@ -382,12 +382,13 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
 
 @needs_interpreter
 @pytest.mark.timeout(1800)
-def test_fused_prime_on_the_interpreted_kernels_gives_the_per_layer_bits(
+def test_fused_prime_and_flush_on_the_interpreted_kernels_give_the_per_layer_bits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A tiny-codec fp16x3 prime on the kernels a GPU runs (interpreted): the fused prime (row peaks from
-    the window op, residuals in the conv epilogue, new states written by the splits and the activations
-    where the input covers them) gives the per-layer prime's audio and states bit for bit."""
+    """A tiny-codec fp16x3 prime and flush on the kernels a GPU runs (interpreted): the fused calls (row
+    peaks from the window op, residuals in the conv epilogue, a prime's new states written by the splits
+    and the activations where the input covers them) give the per-layer calls' audio and states bit for
+    bit."""
     on, calls = _route_through_interpreted_kernels(monkeypatch)
     codec = streamdec.load_codec("tiny")
     codec.precision = "fp16x3"
@@ -397,22 +398,24 @@ def test_fused_prime_on_the_interpreted_kernels_gives_the_per_layer_bits(
     ]
     gen = torch.Generator().manual_seed(8)
     prime = torch.randn(2, net.min_prime_frames + 1, codec.latent_dim, generator=gen)
+    tail = torch.randn(2, 3, codec.latent_dim, generator=gen)
     slots = torch.tensor([2, 0])
     on[0] = True
-    outs, handed, in_parts, kept = [], [], [], []
     with torch.inference_mode():
-        for pool in pools:
-            calls.clear()
-            outs.append(pool.prime(slots, prime))
-            handed.append(calls["alias_free_activation_window_peak"])
-            in_parts.append(calls["residual in two parts"])
-            kept.append(calls["state kept by the kernel"])
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(pools[0].flat[[0, 2]], pools[1].flat[[0, 2]])
-    assert not pools[0].flat[1].any()  # a slot the prime did not name keeps its zeros
-    assert handed[0] > 0 and handed[1] == 0  # only the fused prime hands peaks over
-    assert in_parts[0] > 0 and in_parts[1] == 0  # and adds residuals in the conv epilogue
-    assert kept[0] > 0 and kept[1] == 0  # and has its kernels write the states they read
+        for kind, z in (("prime", prime), ("flush", tail)):
+            runs = []
+            for pool in pools:
+                calls.clear()
+                runs.append((pool.fn(kind)(slots, z), Counter(calls)))
+            (fused, fused_calls), (apart, apart_calls) = runs
+            assert torch.equal(fused, apart), kind
+            assert torch.equal(pools[0].flat[[0, 2]], pools[1].flat[[0, 2]]), kind
+            # only the fused call hands peaks over and adds residuals in the conv epilogue; a fused prime
+            # also has its kernels write the states they read
+            names = ["alias_free_activation_window_peak", "residual in two parts"]
+            for name in names + (["state kept by the kernel"] if kind == "prime" else []):
+                assert fused_calls[name] > 0 and apart_calls[name] == 0, (kind, name)
+    assert not pools[0].flat[1].any()  # a slot no call named keeps its zeros
 
 
 def test_live_rows_takes_one_int64_count_and_restores_the_outer_one() -> None:
