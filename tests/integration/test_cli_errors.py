@@ -7,6 +7,7 @@ on a free port where a server is needed.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from streamdec.affinity import available_cpus, format_cpus
 
 BIN = Path(sys.executable).with_name("streamdec")
 TOKEN = "let-me-in"
@@ -137,6 +140,16 @@ def test_serve_refuses_cpus_it_may_not_use_before_loading_anything(files: Path) 
     """`serve --cpus` naming a CPU this process may not run on fails at once, naming the ones it may."""
     result = _run("serve", "--codec", "tiny", "--port", "0", "--cpus", "100000", cwd=files, timeout=60)
     _assert_one_line_mistake(result, "CPUs 100000", "may run on")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs Linux")
+def test_loadtest_refuses_server_cpus_that_leave_none_for_its_clients(files: Path) -> None:
+    """`loadtest --server-cpus` naming every CPU it may use fails before starting anything."""
+    every = format_cpus(available_cpus())
+    result = _run("loadtest", "--engine", "simulated", "--server-cpus", every, "--streams", "2",
+                  "--out", str(files / "never.json"), cwd=files, timeout=60)  # fmt: skip
+    _assert_one_line_mistake(result, "--server-cpus", "no CPU is left")
+    assert not (files / "never.json").exists()
 
 
 def test_bad_url_scheme(files: Path) -> None:
