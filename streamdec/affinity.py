@@ -13,6 +13,7 @@ A CPU list is written as Linux writes one (``taskset -c``, ``/sys/.../cpulist``)
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 
@@ -71,15 +72,17 @@ def check_cpus(cpus: frozenset[int]) -> frozenset[int]:
     return cpus
 
 
+def _threads(pid: int | None) -> list[int]:
+    """The thread ids of process ``pid`` (None: this one) now."""
+    return [int(tid) for tid in os.listdir(f"/proc/{'self' if pid is None else pid}/task")]
+
+
 def pin(cpus: frozenset[int], pid: int | None = None) -> None:
     """Run every thread of process ``pid`` (None: this one) on ``cpus`` from now on."""
     check_cpus(cpus)
-    tasks = f"/proc/{'self' if pid is None else pid}/task"
-    for tid in os.listdir(tasks):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
+    for tid in _threads(pid):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
 
 
 def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
@@ -87,9 +90,7 @@ def thread_cpus(pid: int) -> dict[int, frozenset[int]]:
     if not _supported():
         return {}
     found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            found[int(tid)] = frozenset(os.sched_getaffinity(int(tid)))
-        except ProcessLookupError:
-            continue
+    for tid in _threads(pid):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            found[tid] = frozenset(os.sched_getaffinity(tid))
     return found
