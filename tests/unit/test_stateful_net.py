@@ -339,6 +339,19 @@ def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple
     return on, calls
 
 
+def _fused_and_per_layer_pools(slots: int) -> tuple[streamdec.Codec, StatefulNet, list[StatePool]]:
+    """The tiny codec in fp16x3 and two CPU pools of ``slots`` slots on it: fused, then per-layer."""
+    codec = streamdec.load_codec("tiny")
+    codec.precision = "fp16x3"
+    net = StatefulNet(codec)
+    cpu = torch.device("cpu")
+    return (
+        codec,
+        net,
+        [StatePool(net, slots, device=cpu, dtype=torch.float32, fused=f) for f in (True, False)],
+    )
+
+
 @needs_interpreter
 @pytest.mark.timeout(1800)  # about ten minutes of interpreted kernels on two shared cores
 def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
@@ -349,12 +362,7 @@ def test_fused_step_on_the_interpreted_kernels_gives_the_per_layer_bits(
     peaks from the window op, heads read in place from the gathered copy, new states written by the splits
     and the activations) gives the per-layer step's audio and new states bit for bit."""
     on, calls = _route_through_interpreted_kernels(monkeypatch)
-    codec = streamdec.load_codec("tiny")
-    codec.precision = "fp16x3"
-    net = StatefulNet(codec)
-    pools = [
-        StatePool(net, 2, device=torch.device("cpu"), dtype=torch.float32, fused=f) for f in (True, False)
-    ]
+    codec, net, pools = _fused_and_per_layer_pools(2)
     gen = torch.Generator().manual_seed(6)
     prime = torch.randn(2, net.min_prime_frames, codec.latent_dim, generator=gen)
     index = torch.tensor([1, 2, 0])  # 2: the scratch slot
@@ -390,12 +398,7 @@ def test_fused_prime_and_flush_on_the_interpreted_kernels_give_the_per_layer_bit
     and the activations where the input covers them) give the per-layer calls' audio and states bit for
     bit."""
     on, calls = _route_through_interpreted_kernels(monkeypatch)
-    codec = streamdec.load_codec("tiny")
-    codec.precision = "fp16x3"
-    net = StatefulNet(codec)
-    pools = [
-        StatePool(net, 3, device=torch.device("cpu"), dtype=torch.float32, fused=f) for f in (True, False)
-    ]
+    codec, net, pools = _fused_and_per_layer_pools(3)
     gen = torch.Generator().manual_seed(8)
     prime = torch.randn(2, net.min_prime_frames + 1, codec.latent_dim, generator=gen)
     tail = torch.randn(2, 3, codec.latent_dim, generator=gen)
