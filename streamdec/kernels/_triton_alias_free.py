@@ -363,13 +363,18 @@ def _join_block(ys, K: tl.constexpr):
     return tl.reshape(y, [ys[0].shape[0], K])
 
 
-@triton.jit(do_not_specialize=["C", "H", "HEAD_BATCH", "START", "N", "KEEP_ROW", "KEEP_LEN"])
+# sizes and offsets that take a new value per layer or step: one binary for all of them
+_HALO_RUNTIME_INTS = "C H HEAD_BATCH START N KEEP_ROW KEEP_LEN BEFORE_BATCH BEFORE_LEN".split()
+
+
+@triton.jit(do_not_specialize=_HALO_RUNTIME_INTS)
 def _af_halo_kernel(
     x_ptr, out_ptr, f_ptr, a_ptr, b_ptr, peak_ptr, T, C, head_ptr, H, HEAD_BATCH, START, N, live_ptr,
-    keep_ptr, slots_ptr, KEEP_ROW, KEEP_LEN,
+    keep_ptr, slots_ptr, KEEP_ROW, KEEP_LEN, before_ptr, BEFORE_BATCH, BEFORE_LEN,
     K: tl.constexpr, WARPS: tl.constexpr, SEG: tl.constexpr, PACKED: tl.constexpr, WITH_PEAK: tl.constexpr,
     HAS_HEAD: tl.constexpr, HAS_LIVE: tl.constexpr = False, KEEP: tl.constexpr = False,
     KEEP_ROWS: tl.constexpr = 1, KEEP_BLOCK: tl.constexpr = 16,
+    HAS_BEFORE: tl.constexpr = False, BEFORE_BLOCK: tl.constexpr = 16, BEFORE_STEPS: tl.constexpr = 1,
     DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):  # fmt: skip
     # A row is cat(head, x) (H + T samples; H = 0 without a head); the kernel writes its outputs START ..
@@ -458,7 +463,19 @@ def _af_halo_kernel(
         tl.store(out_ptr + row.to(tl.int64) * N + (t - START), y, mask=keep)
     if WITH_PEAK:  # peak_ptr[batch] <- bits of max |y| over the batch row; one atomic a program
         bits = tl.where(keep, tl.abs(y), 0.0).to(tl.int32, bitcast=True)
-        tl.atomic_max(peak_ptr + batch, tl.max(tl.max(bits, axis=1), axis=0))
+        best = tl.max(tl.max(bits, axis=1), axis=0)
+        if HAS_BEFORE:  # the same channels of the history the next convolution reads before this window
+            if PACKED:
+                per_program: tl.constexpr = WARPS * (32 // SEG)
+                c_first, c_count = tl.program_id(0) * per_program, per_program
+            else:  # one program of each row
+                c_first, c_count = c, tl.where(tl.program_id(2) == 0, 1, 0)
+            best = tl.maximum(
+                best,
+                _history_peak(before_ptr, batch, c_first, c_count, C, BEFORE_BATCH, BEFORE_LEN, BEFORE_BLOCK,
+                              BEFORE_STEPS),
+            )  # fmt: skip
+        tl.atomic_max(peak_ptr + batch, best)
     if KEEP:  # a stateful layer's new state: the last KEEP_LEN inputs of each row, to the row's slot
         if PACKED:
             per: tl.constexpr = WARPS * (32 // SEG)  # the program's rows (channels)
@@ -490,6 +507,24 @@ def _keep_last(
     tl.store(
         keep_ptr + slot * KEEP_ROW + cr[:, None] * KEEP_LEN + q[None, :], tl.where(from_x, new, old), mask=ok
     )
+
+
+@triton.jit
+def _history_peak(
+    before_ptr, batch, c0, count, C, BEFORE_BATCH, BEFORE_LEN, BLOCK: tl.constexpr, STEPS: tl.constexpr,
+):  # fmt: skip
+    """The float32 bits of ``max |before[batch, c]|`` over channels ``c0 .. c0 + count - 1`` below ``C``
+    (``before`` ``[B, C, BEFORE_LEN]``, batch rows ``BEFORE_BATCH`` apart, each one's ``C * BEFORE_LEN``
+    samples contiguous, so the channels are one contiguous run): ``STEPS`` tiles of ``BLOCK``; 0 for none."""
+    first = c0 * BEFORE_LEN
+    end = tl.minimum(c0 + count, C) * BEFORE_LEN
+    base = before_ptr + batch.to(tl.int64) * BEFORE_BATCH
+    best = tl.zeros([BLOCK], dtype=tl.int32)
+    for step in tl.static_range(STEPS):
+        offs = first + step * BLOCK + tl.arange(0, BLOCK)
+        values = tl.load(base + offs, mask=offs < end, other=0.0)
+        best = tl.maximum(best, tl.abs(values).to(tl.int32, bitcast=True))
+    return tl.max(best, axis=0)
 
 
 BLOCKED_K = sizing.ACTIVATION_LANE_OUTPUTS  # outputs per lane
@@ -563,6 +598,7 @@ def launch_blocked(
     start: int = 0,
     variant: str = DEFAULT_VARIANT,
     keep: tuple[torch.Tensor, torch.Tensor] | None = None,
+    before: torch.Tensor | None = None,
 ) -> None:
     """``x``: contiguous ``[R, T]`` float32 with ``R = B*C``; ``filt`` ``[12]``; ``a``, ``b`` ``[C]``;
     ``out``: contiguous ``[R, N]``, outputs ``start .. start + N - 1`` of the activation of each row
@@ -578,7 +614,11 @@ def launch_blocked(
     ``keep`` = ``(pool, slots)`` (``[S, C, L]`` float32, each slot's ``C * L`` samples contiguous; ``[B]``
     int64) also copies each row's last ``L`` inputs of ``cat(head, x)`` to ``pool[slots[b]]``: a
     stateful layer's new state, written by the programs that read the row (after its outputs, so the
-    outputs' code is unchanged); the ``blocked`` variant copies them in a pass of its own."""
+    outputs' code is unchanged); the ``blocked`` variant copies them in a pass of its own.
+
+    ``before`` (``[B, C, L]``, the history a float16 split convolution reads before ``out``; with
+    ``peak``) is folded into the peaks by the programs that write the same channels, so a step's peaks
+    take no pass of their own; the ``blocked`` variant takes one (:func:`row_peaks`)."""
     rows, length = x.shape
     count = out.shape[1]
     if 0 < start < 5:
@@ -592,7 +632,13 @@ def launch_blocked(
         head = _rows_of(head, a.shape[0])
         kept, head_batch = head.shape[-1], head.stride(0)
     channels = a.shape[0]
+    if before is not None and peak is None:
+        raise ValueError("a history's peak folds into the window's peaks: pass peak with before")
+    if before is not None and not before.shape[-1]:
+        before = None
     if variant == "blocked":
+        if before is not None and peak is not None:
+            torch.maximum(peak, row_peaks(before), out=peak)
         _launch_v3(x, filt, a, b, out, peak, head, kept, head_batch, start)
         if keep is not None:
             keep_tail(keep, head, x.view(-1, channels, length))
@@ -600,14 +646,23 @@ def launch_blocked(
     plan = halo_plan(rows // channels, channels, count, {"halo": None, "halo8": 8, "halo16": 16}[variant])
     live = live_count()
     pool, slots = keep if keep is not None else (x, x)  # never read without KEEP
-    keep_rows = pow2_block(plan.warps * (32 // plan.seg), 2, 128) if plan.packed else 2
+    per_program = plan.warps * (32 // plan.seg) if plan.packed else 1
+    keep_rows = pow2_block(per_program, 2, 128)
+    if before is not None:
+        before = _rows_of(before, channels)
+        span = per_program * before.shape[-1]  # the history samples one program reads
+        before_block = pow2_block(span, 16, _HISTORY_BLOCK)
+        before_args = (before, before.stride(0), before.shape[-1])
+    else:
+        span, before_block, before_args = 0, 16, (x, 0, 0)
     _af_halo_kernel[plan.grid](
         x, out, filt, a, b, out if peak is None else peak, length, channels, x if head is None else head,
         kept, head_batch, start, count, a if live is None else live, pool, slots,
-        pool.stride(0) if keep else 0, pool.shape[-1] if keep else 0, K=plan.k, WARPS=plan.warps,
+        pool.stride(0) if keep else 0, pool.shape[-1] if keep else 0, *before_args, K=plan.k, WARPS=plan.warps,
         SEG=plan.seg, PACKED=plan.packed, WITH_PEAK=peak is not None, HAS_HEAD=head is not None,
         HAS_LIVE=live is not None, KEEP=keep is not None, KEEP_ROWS=keep_rows,
-        KEEP_BLOCK=pow2_block(pool.shape[-1], 2, 1 << 20) if keep else 16, num_warps=plan.warps,
+        KEEP_BLOCK=pow2_block(pool.shape[-1], 2, 1 << 20) if keep else 16, HAS_BEFORE=before is not None,
+        BEFORE_BLOCK=before_block, BEFORE_STEPS=max(1, triton.cdiv(span, before_block)), num_warps=plan.warps,
         **dependent_launch(x.device),
     )  # fmt: skip
 
@@ -669,6 +724,7 @@ def _row_peak_kernel(
 
 
 _PEAK_BLOCK = 2048
+_HISTORY_BLOCK = 512  # a halo program's tile of the history it folds into its peak
 
 
 def row_peaks(x: torch.Tensor) -> torch.Tensor:

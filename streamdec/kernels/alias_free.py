@@ -204,16 +204,17 @@ def _window_cuda(
 def window_launch(
     tk: Any, head: Tensor, x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, start: int,
     length: int, peak: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
+    before: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """The window kernel's launch on the current device; the head is read where it lies (its batch rows may
-    lie apart); ``peak``, if given, is raised to the window's row peaks; ``keep`` and ``keep_slots`` as
-    the op takes them."""
+    lie apart); ``peak``, if given, is raised to the row peaks of the window and of ``before`` (a
+    history read before it); ``keep`` and ``keep_slots`` as the op takes them."""
     batch, channels, samples = x.shape
     flat = x.contiguous().view(batch * channels, samples)
     kept = head if head.shape[-1] else None
     out = flat.new_empty(batch * channels, length)
     args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
-    tk.launch_blocked(*args, peak, kept, start, keep=keep_pair(keep, keep_slots))
+    tk.launch_blocked(*args, peak, kept, start, keep=keep_pair(keep, keep_slots), before=before)
     return out.view(batch, channels, length)
 
 
@@ -233,9 +234,9 @@ def alias_free_activation_window_peak(
     """:func:`alias_free_activation_window` and, per batch row, the float32 bits (int32 ``[B]``) of the
     largest magnitude in ``cat(before, out)``: the row peaks of a float16 split convolution that reads
     ``before`` (``[B, C', H']``, its kept history; None for none) and then this window, so its input split
-    makes no peak pass of its own. On CUDA one pass over ``before`` stores its peaks and the window
-    kernel raises them as it writes (two launches, no zeroed buffer). ``keep`` and ``keep_slots`` as
-    :func:`alias_free_activation_window` takes them."""
+    makes no peak pass of its own. On CUDA the window kernel's programs raise a zeroed buffer to the
+    peaks of what they write and of the same channels of ``before``: no pass over ``before`` of its own.
+    ``keep`` and ``keep_slots`` as :func:`alias_free_activation_window` takes them."""
     _check_before(before, x)
     out = _window_reference(head, x, filt, alpha_exp, beta_inv, start, length, keep, keep_slots)
     peak = _peak_bits(out)
@@ -274,12 +275,10 @@ def window_peak_launch(
     length: int, before: Tensor | None, keep: Tensor | None = None, keep_slots: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The window-with-peak op's kernels (``tk``: :mod:`streamdec.kernels._triton_alias_free`) on the
-    current device: the history's peaks stored, then raised by the window kernel as it writes."""
-    if before is None:
-        peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
-    else:
-        peak = tk.row_peaks(before)
-    out = window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak, keep, keep_slots)
+    current device: a zeroed peak buffer, raised by the window kernel to the peaks of what it writes and
+    of ``before``."""
+    peak = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    out = window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, peak, keep, keep_slots, before)
     return out, peak
 
 

@@ -277,9 +277,15 @@ def test_layer_window_with_peak_hands_over_nothing_where_the_op_does_not_run() -
 
 
 def _launch(
-    variant: str, act: AliasFreeActivation, x: torch.Tensor, head: torch.Tensor | None, start: int
+    variant: str,
+    act: AliasFreeActivation,
+    x: torch.Tensor,
+    head: torch.Tensor | None,
+    start: int,
+    before: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's output (NaN-poisoned first) and its batch rows' peak bits, ``x`` ``[B, C, T]``."""
+    """The kernel's output (NaN-poisoned first) and its batch rows' peak bits (``before``'s folded in),
+    ``x`` ``[B, C, T]``."""
     from streamdec.kernels import _triton_alias_free as tk
 
     batch, channels, length = x.shape
@@ -292,7 +298,7 @@ def _launch(
         act.act.alpha_exp,
         act.act.beta_inv,
     )
-    tk.launch_blocked(*args, out, peak, head, start, variant=variant)
+    tk.launch_blocked(*args, out, peak, head, start, variant=variant, before=before)
     return out.view(batch, channels, count), peak
 
 
@@ -346,8 +352,9 @@ def test_halo_kernels_give_the_blocked_kernels_bits(
 def test_halo_kernel_and_row_peaks_skip_padding_rows(
     length: int, kept: int, pack: bool, live: int, seed: int
 ) -> None:
-    """Inside ``live_rows`` the halo kernel and the row-peak pass leave the batch rows past the count
-    unwritten, and write the real rows' outputs and peaks bit for bit as without it."""
+    """Inside ``live_rows`` the halo kernel (a history's peak folded in) and the row-peak pass leave the
+    batch rows past the count unwritten, and write the real rows' outputs and peaks bit for bit as
+    without it."""
     from streamdec.kernels import _triton_alias_free as tk
     from streamdec.kernels import sizing
 
@@ -356,14 +363,16 @@ def test_halo_kernel_and_row_peaks_skip_padding_rows(
     x = torch.randn(4, 5, length, generator=gen) * 3
     head = torch.randn(4, 5, kept, generator=gen) * 3 if kept else None
     start = 8 if kept else 0
+    before = torch.randn(4, 5, 6, generator=gen) * 10
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sizing, "PACK_SHORT_ROWS", pack)
         patch.setattr(tk, "torch", UnwrittenIsNan())
-        full = _launch("halo", act, x, head, start)
+        full = _launch("halo", act, x, head, start, before)
         full_peaks = tk.row_peaks(x)
         with live_rows(torch.tensor([live])):
-            ours = _launch("halo", act, x, head, start)
+            ours = _launch("halo", act, x, head, start, before)
             peaks = tk.row_peaks(x)
+    assert torch.equal(full[1], torch.maximum(tk.row_peaks(before), tk.row_peaks(full[0])))
     assert_padding_rows_skipped(ours[0], full[0], live)
     assert torch.equal(ours[1][:live], full[1][:live]) and not ours[1][live:].any()  # zeroed, never raised
     assert_padding_rows_skipped(peaks, full_peaks, live)

@@ -627,16 +627,22 @@ def test_op_keeps_the_state_on_the_cpu_and_refuses_a_bad_pool() -> None:
 
 @needs_interpreter
 @pytest.mark.parametrize(
-    ("kept", "before_len"), [(10, 0), (10, 6), (0, 30)], ids=["no-history", "history", "no-head"]
+    ("kept", "before_len", "samples"),
+    [(10, 0, 20), (10, 6, 20), (0, 30, 20), (10, 6, 300), (0, 40, 300)],
+    ids=["no-history", "history", "no-head", "whole-rows", "whole-rows-no-head"],
 )
-def test_window_kernel_reads_rows_apart_and_folds_in_a_history_peak(kept: int, before_len: int) -> None:
+@pytest.mark.parametrize("variant", ["halo", "blocked"])
+def test_window_kernel_reads_rows_apart_and_folds_in_a_history_peak(
+    kept: int, before_len: int, samples: int, variant: str
+) -> None:
     """The window kernel reads a head whose batch rows lie apart as it reads a contiguous one (same bits),
-    and raises peaks that start at a conv history's (``row_peaks``, one program a row) to the peak of
-    ``cat(history, window)``."""
+    and raises a zeroed peak to the peak of ``cat(history, window)`` for a history whose batch rows lie
+    apart, packed short rows and whole long ones alike (the halo kernel's programs read the history's
+    channels they write; the blocked kernel takes a pass of its own)."""
     from streamdec.kernels import _triton_alias_free as ka
 
     gen = torch.Generator().manual_seed(4)
-    batch, channels, samples, start = 3, 7, 20, 8 if kept else 0
+    batch, channels, start = 3, 37, 8 if kept else 0  # 37: the last packed program's rows run past C
     scale = torch.tensor([1e-4, 1.0, 1e4])
     head = _rows_apart(scale, channels, kept, 3, gen)
     before = _rows_apart(scale.flip(0), channels, before_len, 2, gen)
@@ -644,18 +650,21 @@ def test_window_kernel_reads_rows_apart_and_folds_in_a_history_peak(kept: int, b
     filt = torch.randn(12, generator=gen) / 12
     a, b = torch.rand(channels, generator=gen) + 0.5, torch.rand(channels, generator=gen) + 0.5
     count = kept + samples - start - 2
-    outs, peak = [], ka.row_peaks(before)
-    assert torch.equal(peak, _peak_bits(before))
-    for h, p in ((head, peak), (head.contiguous().view(batch * channels, kept), None)):
+    assert torch.equal(ka.row_peaks(before), _peak_bits(before))
+    outs, peak = [], torch.zeros(batch, dtype=torch.int32)
+    for h, p, hist in ((head, peak, before), (head.contiguous().view(batch * channels, kept), None, None)):
         out = torch.empty(batch * channels, count)
         ka.launch_blocked(
-            x.reshape(batch * channels, samples), filt, a, b, out, p, h if kept else None, start
-        )
+            x.reshape(batch * channels, samples), filt, a, b, out, p, h if kept else None, start,
+            variant=variant, before=hist,
+        )  # fmt: skip
         outs.append(out.view(batch, channels, count))
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(
         peak, _peak_bits(torch.cat([before.reshape(batch, -1), outs[0].reshape(batch, -1)], 1))
     )
+    with pytest.raises(ValueError, match="pass peak"):
+        ka.launch_blocked(x.reshape(batch * channels, samples), filt, a, b, outs[1], before=before)
 
 
 @needs_interpreter
