@@ -25,9 +25,8 @@ import streamdec
 from streamdec.codecs.layers import routing
 from streamdec.codecs.stateful import StatefulNet
 from streamdec.engine.slots import StatePool
-from streamdec.kernels import _triton_alias_free as tk
-from streamdec.kernels import _triton_conv_f16 as tc
 from streamdec.kernels import alias_free as af
+from streamdec.kernels import conv as conv_ops
 
 #: aten ops that launch nothing on a GPU: views, metadata, allocation
 _NO_KERNEL = {
@@ -59,46 +58,16 @@ def _count_launch(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _route_as_cuda() -> None:
-    """CPU float32 calls take the fp16x3 and fused-activation paths, each op launching as its CUDA
-    implementation launches."""
+    """CPU float32 calls take the fp16x3 and fused-activation paths, each op calling its own CUDA
+    implementation (whose Triton launches are counted, not run)."""
 
     def is_float32(x: torch.Tensor) -> bool:
         return x.dtype == torch.float32
 
     for name in ("takes_split", "triton_conv_supported", "f16_conv_supported", "fused_supported"):
         setattr(routing, name, is_float32)
-
-    def conv(x: Any, w_hi: Any, w_lo: Any, w_inv: Any, bias: Any, dilation: int, pad_left: int = 0,
-             pad_right: int = 0, residual: Any = None, peak: Any = None, phases: int = 1, head: Any = None,
-             products: int = 3, residual_head: Any = None, keep: Any = None, keep_slots: Any = None) -> Any:  # fmt: skip
-        target = (keep, keep_slots) if keep is not None else None
-        parts = tc.split_f16(x, pad_left, pad_right, peak, head, tails=products == 3, keep=target)
-        return tc.conv1d_f16x3(*parts, w_hi, w_lo, w_inv, bias, dilation, residual=residual, phases=phases,
-                               products=products, residual_head=residual_head)  # fmt: skip
-
-    def whole(x: Any, filt: Any, a: Any, b: Any, peak: Any = None) -> Any:
-        batch, channels, length = x.shape
-        flat = x.contiguous().view(batch * channels, length)
-        out = torch.empty_like(flat)
-        tk.launch_blocked(flat, filt.contiguous().view(-1), a.contiguous(), b.contiguous(), out, peak)
-        return out.view(batch, channels, length)
-
-    def whole_peak(x: Any, filt: Any, a: Any, b: Any) -> Any:
-        peak = torch.zeros(x.shape[0], dtype=torch.int32)
-        return whole(x, filt, a, b, peak), peak
-
-    ops = {
-        "conv1d_split_f16": conv,
-        "conv1d_split_f16_keep": lambda keep, slots, *a, **k: conv(*a, keep=keep, keep_slots=slots, **k),
-        "alias_free_activation": whole,
-        "alias_free_activation_peak": whole_peak,
-        "alias_free_activation_window": lambda head, x, f, a, b, start, n, keep=None, slots=None: (
-            af.window_launch(tk, head, x, f, a, b, start, n, None, keep, slots)
-        ),
-        "alias_free_activation_window_peak": lambda *a: af.window_peak_launch(tk, *a),
-    }
-    for name, impl in ops.items():
-        setattr(torch.ops.streamdec, name, impl)
+    for module in (conv_ops, af):
+        module.direct_cuda_call = is_float32  # type: ignore[attr-defined]
 
 
 def main() -> None:

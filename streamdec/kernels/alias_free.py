@@ -27,7 +27,7 @@ from torch import Tensor
 
 from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
-from streamdec.kernels.availability import HAS_TRITON, direct_cuda_call
+from streamdec.kernels.availability import HAS_TRITON, direct_cuda_call, launch_device
 from streamdec.kernels.conv import check_keep, keep_pair, keep_tail
 
 __all__ = [
@@ -95,7 +95,7 @@ def _run_cuda(x: Tensor, filt: Tensor, alpha_exp: Tensor, beta_inv: Tensor, *, p
     flat = x.contiguous().view(batch * channels, length)
     out = torch.empty_like(flat)
     args = (flat, filt.contiguous().view(TAPS), alpha_exp.contiguous(), beta_inv.contiguous(), out)
-    with torch.cuda.device(x.device):  # Triton launches on the current device
+    with launch_device(x.device):
         tk.launch_blocked(*args, peak)
     return out.view(batch, channels, length)
 
@@ -197,7 +197,7 @@ def _window_cuda(
     check_keep(keep, keep_slots, x, head.shape[-1], "alias_free_activation_window")
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
-    with torch.cuda.device(x.device):
+    with launch_device(x.device):
         return window_launch(tk, head, x, filt, alpha_exp, beta_inv, start, length, None, keep, keep_slots)
 
 
@@ -264,7 +264,7 @@ def _window_peak_cuda(
     check_keep(keep, keep_slots, x, head.shape[-1], "alias_free_activation_window_peak")
     from streamdec.kernels import _triton_alias_free as tk  # Triton is imported only here
 
-    with torch.cuda.device(x.device):
+    with launch_device(x.device):
         return window_peak_launch(
             tk, head, x, filt, alpha_exp, beta_inv, start, length, before, keep, keep_slots
         )

@@ -7,11 +7,12 @@ Asked without importing Triton (a slow import, and absent on CPU machines): the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import torch
 
-__all__ = ["HAS_TRITON", "direct_cuda_call"]
+__all__ = ["HAS_TRITON", "direct_cuda_call", "launch_device"]
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -32,3 +33,11 @@ def direct_cuda_call(x: torch.Tensor) -> bool:
         and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
     )
+
+
+def launch_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """What an op's CUDA implementation launches its Triton kernels in: ``device`` made the current one
+    (Triton launches on the current device). Off CUDA nothing: the Triton interpreter runs those same
+    launches on CPU tensors (``scripts/count_launches.py``, the interpreted-kernel tests), and
+    ``torch.cuda.device`` refuses a CPU device."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

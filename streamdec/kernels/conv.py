@@ -41,7 +41,7 @@ from torch import Tensor
 
 from streamdec import settings
 from streamdec.errors import DTypeError, ShapeError
-from streamdec.kernels.availability import HAS_TRITON, direct_cuda_call
+from streamdec.kernels.availability import HAS_TRITON, direct_cuda_call, launch_device
 from streamdec.kernels.split import F16_CHANNEL_QUANTUM, split_input_f16, split_tf32
 
 __all__ = [
@@ -121,7 +121,7 @@ def _tf32_on_cuda(
     _check(x_hi, x_lo, w_hi, w_lo, bias, dilation)
     from streamdec.kernels import _triton_conv as tc  # Triton is imported only here
 
-    with torch.cuda.device(x_hi.device):  # Triton launches on the current device
+    with launch_device(x_hi.device):
         return tc.conv1d_split(x_hi, x_lo, w_hi, w_lo, bias, dilation)
 
 
@@ -432,7 +432,7 @@ def _f16_on_cuda(a: _F16Args, keep: tuple[Tensor, Tensor] | None) -> Tensor:
     _check_f16(a)
     from streamdec.kernels import _triton_conv_f16 as tc  # Triton is imported only here
 
-    with torch.cuda.device(a.x.device):
+    with launch_device(a.x.device):
         x_hi, x_lo, x_inv = tc.split_f16(
             a.x, a.pad_left, a.pad_right, a.peak, a.head, tails=a.products == 3, keep=keep
         )

@@ -268,74 +268,44 @@ def test_transposed_conv_steps_on_its_phases_without_a_buffer(
 
 def _route_through_interpreted_kernels(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], Counter[str]]:
     """CPU float32 calls take the fp16x3 and fused-activation paths a CUDA input takes while the returned
-    switch is on, each op running its Triton kernels under the interpreter, launched as its CUDA
-    implementation launches them (the float16 weight caches are built either way); the counter counts
-    the ops' calls."""
-    from streamdec.kernels import _triton_alias_free as tk
-    from streamdec.kernels import _triton_conv_f16 as tc
+    switch is on, each op calling its own CUDA implementation, whose Triton kernels run under the
+    interpreter (the float16 weight caches are built either way); the counter counts those calls, the
+    states they keep and the residuals they read in two parts."""
     from streamdec.kernels import alias_free as af
+    from streamdec.kernels import conv as conv_ops
 
     on = [False]
+
+    def cuda_path(x: Tensor) -> bool:
+        return on[0] and x.dtype == torch.float32
+
     route_cpu_through_split(monkeypatch, f16=True)
-    monkeypatch.setattr(routing, "takes_split", lambda x: on[0] and x.dtype == torch.float32)
-    monkeypatch.setattr(routing, "fused_supported", lambda x: on[0] and x.dtype == torch.float32)
-
-    def conv(x: Tensor, w_hi: Tensor, w_lo: Tensor, w_inv: Tensor, bias: Tensor | None, dilation: int,
-             pad_left: int = 0, pad_right: int = 0, residual: Tensor | None = None, peak: Tensor | None = None,
-             phases: int = 1, head: Tensor | None = None, products: int = 3,
-             residual_head: Tensor | None = None, keep: Tensor | None = None,
-             keep_slots: Tensor | None = None) -> Tensor:  # fmt: skip
-        if residual_head is not None:
-            calls["residual in two parts"] += 1
-        if keep is not None:
-            calls["state kept by the kernel"] += 1
-        targets = (keep, keep_slots) if keep is not None and keep_slots is not None else None
-        parts = tc.split_f16(x, pad_left, pad_right, peak, head, keep=targets)
-        return tc.conv1d_f16x3(
-            *parts,
-            w_hi,
-            w_lo,
-            w_inv,
-            bias,
-            dilation,
-            residual=residual,
-            phases=phases,
-            residual_head=residual_head,
-        )
-
-    def window(
-        head: Tensor, x: Tensor, filt: Tensor, a: Tensor, b: Tensor, start: int, n: int,
-        keep: Tensor | None = None, keep_slots: Tensor | None = None,
-    ) -> Tensor:  # fmt: skip
-        if keep is not None:
-            calls["state kept by the kernel"] += 1
-        return af.window_launch(tk, head, x, filt, a, b, start, n, None, keep, keep_slots)
-
-    def window_peak(*args: Any) -> tuple[Tensor, Tensor]:
-        if len(args) > 8 and args[8] is not None:
-            calls["state kept by the kernel"] += 1
-        return af.window_peak_launch(tk, *args)
-
-    def conv_keep(keep: Tensor, keep_slots: Tensor, *args: Any) -> Tensor:
-        return conv(*args, keep=keep, keep_slots=keep_slots)
-
-    ops = {
-        "conv1d_split_f16": conv,
-        "conv1d_split_f16_keep": conv_keep,
-        "alias_free_activation_window": window,
-        "alias_free_activation_window_peak": window_peak,
-    }
+    for module, name in (
+        (routing, "takes_split"),
+        (routing, "fused_supported"),
+        (conv_ops, "direct_cuda_call"),
+        (af, "direct_cuda_call"),
+    ):
+        monkeypatch.setattr(module, name, cuda_path)
     calls: Counter[str] = Counter()
 
-    def counted(name: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(module: Any, impl: str, name: str, keeps: Callable[..., bool]) -> None:
+        run = getattr(module, impl)
+
         def call(*args: Any) -> Any:
             calls[name] += 1
-            return impl(*args)
+            calls["state kept by the kernel"] += keeps(*args)
+            return run(*args)
 
-        return call
+        monkeypatch.setattr(module, impl, call)
 
-    for name, impl in ops.items():
-        monkeypatch.setattr(torch.ops.streamdec, name, counted(name, impl))
+    def conv_keeps(a: Any, keep: Any) -> bool:
+        calls["residual in two parts"] += a.residual_head is not None
+        return keep is not None
+
+    counted(conv_ops, "_f16_on_cuda", "conv1d_split_f16", conv_keeps)
+    counted(af, "_window_cuda", "alias_free_activation_window", lambda *a: a[7] is not None)
+    counted(af, "_window_peak_cuda", "alias_free_activation_window_peak", lambda *a: a[8] is not None)
     return on, calls
 
 
