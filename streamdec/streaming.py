@@ -520,6 +520,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         self._arrival: asyncio.Future[None] | None = None  # the stream waits for the reader's next item
         self._room: asyncio.Future[None] | None = None  # the reader waits for room
         self._behind = False  # a chunk was already waiting when the stream asked for it
+        self._source_closed = False
 
     async def __aenter__(self) -> TileStream:
         return self
@@ -542,7 +543,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         try:
             job = await self._next_job()
             if job is None:
-                self._free()
+                await self.aclose()
                 raise StopAsyncIteration
             began = time.monotonic()
             self._read_ahead()  # as the call goes out: it made room
@@ -612,7 +613,7 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         chunks at hand (:meth:`_take_ready`) and catches up, instead of taking one chunk per call and
         staying behind. A stream that keeps up pulls each chunk itself: the reader costs a task switch
         per chunk. Bounded by that room, so a consumer that stops asking for tiles still stops intake."""
-        if not self._reads_ahead or self._closed:
+        if not self._reads_ahead or self._closed or self.session.ended:  # ended: the source has no more
             return
         if self._reader is None:
             if not self._behind or self._pending is not None:  # one pull of the source at a time
@@ -682,9 +683,8 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
         return item[0]
 
     async def aclose(self) -> None:
-        """Stop the stream: nothing more is read or decoded. Idempotent."""
-        if self._closed:
-            return
+        """Stop the stream: nothing more is read or decoded, its reader and any pull still waiting are
+        cancelled and an async source is closed. Also what the stream does at its own end. Idempotent."""
         self._free()
         self._ahead.clear()
         if self._reader is not None:
@@ -695,7 +695,8 @@ class TileStream(_StreamCore, AsyncIterator[Tile]):
             pending, self._pending = self._pending, None
             pending.cancel()
             await asyncio.gather(pending, return_exceptions=True)
-        if self._is_async:
+        if self._is_async and not self._source_closed:
+            self._source_closed = True
             close = getattr(self._source, "aclose", None)
             if close is not None:
                 await close()

@@ -364,7 +364,8 @@ def _join_block(ys, K: tl.constexpr):
 
 
 # sizes and offsets that take a new value per layer or step: one binary for all of them
-_HALO_RUNTIME_INTS = "C H HEAD_BATCH START N KEEP_ROW KEEP_LEN BEFORE_BATCH BEFORE_LEN".split()
+_HALO_RUNTIME_INTS = ["C", "H", "HEAD_BATCH", "START", "N", "KEEP_ROW", "KEEP_LEN",
+                      "BEFORE_BATCH", "BEFORE_LEN"]  # fmt: skip
 
 
 @triton.jit(do_not_specialize=_HALO_RUNTIME_INTS)

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import streamdec
 from streamdec import StreamDecoder
@@ -159,3 +161,48 @@ async def test_a_stream_reading_ahead_still_flushes_for_its_listener() -> None:
         expected = await dec.decode(latents)
     assert torch.equal(torch.cat([t.samples for t in tiles], dim=-1), expected)
     assert any(t.frames < 4 for t in tiles[:-1])  # flushed below the smallest step before the end
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    frames=st.integers(1, 24),
+    chunk=st.integers(1, 5),
+    mode=st.sampled_from(["stateful", "halo"]),
+    managed=st.booleans(),
+)
+def test_a_stream_that_ends_leaves_no_reader_and_closes_its_source(
+    frames: int, chunk: int, mode: str, managed: bool
+) -> None:
+    """For every length and chunking of a source whose chunks are at hand (so the stream reads ahead once
+    it has fallen behind, possibly only after the source's end): once the stream has given its last tile,
+    iterated inside ``async with`` or not, no reader task of it is left and its source is closed; the
+    audio is the whole clip's."""
+    codec = streamdec.load_codec("tiny")
+    latents = torch.randn(frames, codec.latent_dim, generator=torch.Generator().manual_seed(frames))
+    closed: list[bool] = []
+
+    async def produce() -> AsyncIterator[torch.Tensor]:
+        try:
+            for piece in latents.split(chunk):
+                yield piece
+        finally:
+            closed.append(True)
+
+    async def run() -> tuple[torch.Tensor, torch.Tensor, list[asyncio.Task[object]]]:
+        engine = simulated_engine(codec, max_streams=2 if mode == "stateful" else 0)
+        async with StreamDecoder(codec, engine=engine, mode=mode, min_emit=4, max_emit=16) as dec:  # type: ignore[arg-type]
+            if managed:
+                async with dec.decode_tiles(produce()) as tiles:
+                    got = [t.samples async for t in tiles]
+            else:
+                got = [t.samples async for t in dec.decode_tiles(produce())]
+            await asyncio.sleep(0)
+            readers = [
+                t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "_read_source"
+            ]
+            return torch.cat(got, dim=-1), await dec.decode(latents), readers
+
+    audio, expected, readers = asyncio.run(run())
+    assert not readers
+    assert closed == [True]
+    assert torch.equal(audio, expected)
