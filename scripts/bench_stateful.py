@@ -146,6 +146,34 @@ async def _run(args: argparse.Namespace) -> None:
     result.result["whole_clip"] = _whole_clip_cost(codec, result.result["modes"])
     _against_whole_clip(result.result)
     result.save()
+    for line in _summary(result.result):
+        print(line, flush=True)
+
+
+def _summary(result: dict[str, Any]) -> list[str]:
+    """One line per mode and point: what held, and the device time against a whole clip at batch 32."""
+    lines = []
+    for mode, entry in result["modes"].items():
+        costs = {row["streams"]: row for row in entry.get("device_per_audio_second", [])}
+        for point in (entry.get("sweep") or {}).get("decoder", []):
+            verdict = "holds" if point.get("ok") else "fails"
+            parts = [f"bench_stateful: {mode} {point['streams']} streams: {verdict}"]
+            ttfa = (point.get("ttfa_ms") or {}).get("p99")
+            if ttfa is not None:
+                parts.append(f"p99 first audio {ttfa:.1f} ms")
+            parts.append(f"{point.get('streams_with_underruns', 0)} streams under-ran")
+            parts.append(f"busy {100 * (point.get('busy_fraction') or 0):.1f} %")
+            parts.append(f"mean batch {point.get('mean_batch') or 0:.1f}")
+            cost = costs.get(point["streams"]) or {}
+            against = cost.get("over_whole_clip", {}).get("32")
+            if against:
+                kinds = ", ".join(f"{kind} {v:.3f}" for kind, v in against.items() if kind != "all")
+                parts.append(
+                    f"{cost['device_s_per_audio_s']:.5f} device s per audio s, {against['all']:.2f}x a whole clip "
+                    f"at batch 32 ({kinds})"
+                )
+            lines.append(", ".join(parts))
+    return lines
 
 
 def _device_cost(sweep_out: dict[str, Any], codec: Any, seconds: float) -> list[dict[str, Any]]:

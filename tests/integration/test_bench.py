@@ -255,3 +255,23 @@ def test_profile_summary_sorts_kernels_by_kind() -> None:
         "split conv": 1.1, "fused activation": 0.4, "inductor (adds, pads, casts)": 0.2,
         "split pre-pass": 0.05, "total": 1.75,
     }  # fmt: skip
+
+
+def test_bench_stateful_prints_a_line_per_point_with_its_verdict_and_device_time() -> None:
+    """scripts/bench_stateful.py's closing lines, from a committed result: each point's verdict, p99 first
+    audio, streams that under-ran, and where it was timed, the device time against a whole clip."""
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("bench_stateful", root / "scripts" / "bench_stateful.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = json.loads((root / "bench/results/h100/stateful-512-fused-calls-1.json").read_text())
+    (line,) = module._summary(result)
+    assert line.startswith("bench_stateful: stateful 512 streams: fails, p99 first audio 71.2 ms, 18 streams")
+    assert "1.38x a whole clip at batch 32 (flush 0.056, prime 0.124, step 1.199)" in line
+    del result["modes"]["stateful"]["device_per_audio_second"]
+    (bare,) = module._summary(result)
+    assert bare.endswith("mean batch 74.7") and "whole clip" not in bare
