@@ -95,14 +95,19 @@ async def _build(options: DecoderOptions) -> Any:
 
 
 async def _one(
-    decoder: Any, plan: StreamPlan, run: DecoderRun, t0: float, record: StreamRecord, report: ClientReport
+    decoder: Any,
+    plan: StreamPlan,
+    latents: Any,
+    run: DecoderRun,
+    t0: float,
+    record: StreamRecord,
+    report: ClientReport,
 ) -> None:
     import torch
 
     from streamdec.io import pcm16
 
     hop = decoder.codec.hop_size
-    latents = torch.from_numpy(stream_latents(plan.seed, plan.frames, run.latent_dim))
     pcm: list[bytes] = []
 
     async def chunks() -> AsyncIterator[torch.Tensor]:
@@ -134,6 +139,8 @@ async def _one(
 
 
 async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
+    import torch
+
     from streamdec.server.gcpause import GcPauseMonitor
     from streamdec.server.looplag import LoopLagMonitor
     from streamdec.server.metrics import render_engine
@@ -152,21 +159,34 @@ async def _serve_runs(options: DecoderOptions, pipe: Connection) -> None:
         "context": [left, right],
     }
     loop = asyncio.get_running_loop()
+
+    def _metrics() -> str:  # what serve's /metrics gives: the loop's lag, the collector, the engine
+        text: str = lag.render() + gc_pauses.render() + render_engine(decoder.stats.engine)
+        return text
+
     pipe.send(("ready", geometry))
     while True:
         message = await loop.run_in_executor(None, pipe.recv)
         if message[0] == "metrics":
-            pipe.send(("metrics", lag.render() + gc_pauses.render() + render_engine(decoder.stats.engine)))
+            pipe.send(("metrics", _metrics()))
             continue
         if message[0] != "run":
             break
         run: DecoderRun = message[1]
+        # Every stream's latents are made before the run starts, as a client process makes its messages
+        # before its clock starts: at 512 streams that is 100-250 ms of the loop, which the run's
+        # figures (loop lag, CPU) must not count. They start from the metrics sent with t0.
+        latents = [torch.from_numpy(stream_latents(p.seed, p.frames, run.latent_dim)) for p in run.streams]
+        await asyncio.sleep(2 * lag.interval)  # the lag monitor wakes late once, for that: before the run
         t0 = time.monotonic() + 0.3
-        pipe.send(("started", t0))
+        pipe.send(("started", (t0, _metrics())))
         report = ClientReport(records=[StreamRecord(p.index, p.frames) for p in run.streams])
         cpu0 = time.process_time()
         await asyncio.gather(
-            *(_one(decoder, p, run, t0, r, report) for p, r in zip(run.streams, report.records, strict=True))
+            *(
+                _one(decoder, p, z, run, t0, r, report)
+                for p, z, r in zip(run.streams, latents, report.records, strict=True)
+            )
         )
         report.cpu_s = time.process_time() - cpu0
         pipe.send(("report", report))

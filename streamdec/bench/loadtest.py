@@ -366,21 +366,24 @@ class DecoderTarget:
             raise RuntimeError(f"the decoder process failed: {payload}")
         self.codec: dict[str, Any] = payload
 
-    def _probe(self) -> Probe:
+    def _cpu_seconds(self) -> float:
         assert self.proc.pid is not None
         with open(f"/proc/{self.proc.pid}/stat") as f:
-            cpu = proc_cpu_seconds(f.read(), os.sysconf("SC_CLK_TCK"))
+            return proc_cpu_seconds(f.read(), os.sysconf("SC_CLK_TCK"))
+
+    def _probe(self) -> Probe:
         self.pipe.send(("metrics",))
         _kind, text = self.pipe.recv()
-        return Probe(time.monotonic(), cpu, parse_prometheus(text))
+        return Probe(time.monotonic(), self._cpu_seconds(), parse_prometheus(text))
 
     def execute(
         self, plans: list[StreamPlan], s: LoadSettings, geo: CodecGeometry
     ) -> tuple[list[ClientReport], Probe, Probe, float, int]:
         period = s.period_ms / 1000.0 / s.speedup
-        before = self._probe()
         self.pipe.send(("run", DecoderRun(tuple(plans), s.chunk_frames, period, geo.latent_dim, sampled=0)))
-        _kind, t0 = self.pipe.recv()
+        # the run's figures start when its streams' latents are made (its metrics come with t0)
+        _kind, (t0, text) = self.pipe.recv()
+        before = Probe(time.monotonic(), self._cpu_seconds(), parse_prometheus(text))
         kind, report = self.pipe.recv()
         if kind != "report":
             raise RuntimeError(f"the decoder process failed: {report}")

@@ -107,7 +107,9 @@ async def test_a_late_loop_counts_against_the_decoder_target_not_its_schedule() 
     import asyncio
     import time
 
-    from streamdec.bench.loadclient import ClientReport, StreamPlan
+    import torch
+
+    from streamdec.bench.loadclient import ClientReport, StreamPlan, stream_latents
     from streamdec.bench.loaddecoder import DecoderOptions, DecoderRun, _build, _one
     from streamdec.bench.loadstats import StreamRecord
 
@@ -118,9 +120,10 @@ async def test_a_late_loop_counts_against_the_decoder_target_not_its_schedule() 
             (plan,), chunk_frames=4, period_s=0.02, latent_dim=decoder.codec.latent_dim, sampled=-1
         )
         record, report = StreamRecord(0, 16), ClientReport()
+        latents = torch.from_numpy(stream_latents(plan.seed, plan.frames, run.latent_dim))
         t0 = time.monotonic() + 0.05
         asyncio.get_running_loop().call_later(0.06, time.sleep, 0.2)  # the loop stalls across chunks 0-1
-        await _one(decoder, plan, run, t0, record, report)
+        await _one(decoder, plan, latents, run, t0, record, report)
     finally:
         await decoder.aclose()
         gc.unfreeze()
@@ -128,6 +131,54 @@ async def test_a_late_loop_counts_against_the_decoder_target_not_its_schedule() 
     assert record.first_sent == pytest.approx(t0) and record.decodable_sent == pytest.approx(t0 + 0.02)
     assert max(report.pull_late_ms) >= 150 and not report.send_late_ms
     assert record.arrivals[0][0] - record.decodable_sent >= 0.15  # first audio after the stall, as measured
+
+
+async def test_the_decoder_targets_run_figures_leave_out_making_its_latents(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Making every stream's latents blocks the decoder target's loop before its run starts (0.2 s here,
+    as 512 streams' did on a GPU host). The run's figures start after that, from the metrics sent with
+    its start: the largest loop lag between them is the run's, not the set-up's."""
+    import asyncio
+    import multiprocessing
+    import time
+
+    from streamdec.bench import loaddecoder
+    from streamdec.bench.loadclient import StreamPlan
+    from streamdec.bench.loadstats import loop_lag_ms
+
+    made = loaddecoder.stream_latents
+
+    def slow(seed: int, frames: int, latent_dim: int) -> Any:
+        time.sleep(0.2)
+        return made(seed, frames, latent_dim)
+
+    monkeypatch.setattr(loaddecoder, "stream_latents", slow)
+    ours, theirs = multiprocessing.Pipe()
+    options = loaddecoder.DecoderOptions("tiny", "cpu", "simulated", "0,0", "auto", 4, 64, None, slots=2)
+    target = asyncio.ensure_future(loaddecoder._serve_runs(options, theirs))
+    loop = asyncio.get_running_loop()
+
+    async def receive() -> Any:
+        return await loop.run_in_executor(None, ours.recv)
+
+    try:
+        kind, geometry = await receive()
+        assert kind == "ready"
+        plan = StreamPlan(index=0, seed=1, frames=16, offset_s=0.0, decodable_chunk=1)
+        ours.send(("run", loaddecoder.DecoderRun((plan,), 4, 0.02, geometry["latent_dim"], sampled=-1)))
+        kind, (_t0, before) = await receive()
+        assert kind == "started"
+        kind, report = await receive()
+        assert kind == "report" and report.records[0].status == "completed"
+        ours.send(("metrics",))
+        _kind, after = await receive()
+        ours.send(("stop",))
+        await target
+    finally:
+        gc.unfreeze()
+    lag = loop_lag_ms(parse_prometheus(before), parse_prometheus(after), "streamdec_event_loop_lag_seconds")
+    assert lag["max"] is not None and lag["max"] < 150
 
 
 @pytest.mark.parametrize("engine", ["auto", "simulated"])
