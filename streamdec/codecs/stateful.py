@@ -271,25 +271,19 @@ class Leaf(Stateful):
         return m - self.b
 
     def prime(self, x: Tensor, states: StateIO) -> Tensor:
-        return self._prime(x, states, None)[0]
+        return self.prime_before(x, states, None)[0]
 
-    def prime_before(self, x: Tensor, states: StateIO, conv: Conv) -> tuple[Tensor, Tensor | None]:
+    def prime_before(self, x: Tensor, states: StateIO, conv: Conv | None) -> tuple[Tensor, Tensor | None]:
         """:meth:`prime`, and the row peaks of its output where ``conv`` (the convolution after it, whose
         prime pads with zeros only) runs the float16 split, which then takes no pass of its own for them;
         None elsewhere."""
-        return self._prime(x, states, conv)
-
-    def _prime(self, x: Tensor, states: StateIO, conv: Conv | None) -> tuple[Tensor, Tensor | None]:
         # The window from the stream's first sample is the layer's own output there (its replicate padding
         # included), and only the outputs whose reach has arrived are computed: no cropped copy for the
         # next layer to make contiguous. The fused activation writes the new state as it reads it.
         if x.shape[-1] < self.state_len:
             raise _TooShort
-        head, length, target = x[..., :0], x.shape[-1] - self.b, self._target(states)
-        if conv is not None and conv.conv.takes_peak(x):
-            out, peak = self.layer.window_with_peak(head, x, 0, length, None, target)
-        else:
-            out, peak = self.layer.window(head, x, 0, length, target), None
+        target = self._target(states)
+        out, peak = self._window(x[..., :0], x, 0, x.shape[-1] - self.b, conv, None, target)
         if target is None:
             self._keep(x, states)
         return out, peak
@@ -297,31 +291,38 @@ class Leaf(Stateful):
     def _history(self, x: Tensor, states: StateIO) -> Tensor:
         return states.get(self.index) if self.state_len else x[..., :0]
 
-    def step(self, x: Tensor, states: StateIO) -> Tensor:
-        head = self._history(x, states)
-        target = self._target(states)
-        out = self.layer.window(head, x, self.a, x.shape[-1], target)
-        if target is None:
-            self._keep_after(head, x, states)
-        return out
-
     def _target(self, states: StateIO) -> tuple[Tensor, Tensor] | None:
         """Where the activation writes its new state itself (it reads the same samples)."""
         return states.target(self.index) if self.state_len else None
 
-    def step_before(self, x: Tensor, states: StateIO, conv: Conv) -> tuple[Tensor, Tensor | None]:
+    def _window(
+        self,
+        head: Tensor,
+        x: Tensor,
+        start: int,
+        length: int,
+        conv: Conv | None,
+        before: Tensor | None,
+        target: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The layer's outputs ``start .. start + length - 1`` of ``cat(head, x)``, and where ``conv`` (the
+        convolution after it) runs the float16 split, the row peaks of ``cat(before, outputs)`` that split
+        needs (``before``: ``conv``'s kept history, None for none); None elsewhere."""
+        if conv is not None and conv.conv.takes_peak(x):
+            return self.layer.window_with_peak(head, x, start, length, before, target)
+        return self.layer.window(head, x, start, length, target), None
+
+    def step(self, x: Tensor, states: StateIO) -> Tensor:
+        return self.step_before(x, states, None)[0]
+
+    def step_before(self, x: Tensor, states: StateIO, conv: Conv | None) -> tuple[Tensor, Tensor | None]:
         """:meth:`step`, and the row peaks that ``conv``'s float16 split of its history and this output
         needs, where the fused activation takes them as it writes (None elsewhere: the split takes its
         own). Packed short rows too: the activation's kernel raises a peak once a program, all of whose rows
         lie in one batch row (an earlier kernel raised one a lane there, and that contention made a 256 x 4
         step of auk-24k take 79 ms instead of 43 on an H200)."""
-        head = self._history(x, states)
-        target = self._target(states)
-        if conv.conv.takes_peak(x):
-            before = states.get(conv.index) if conv.state_len else None
-            out, peak = self.layer.window_with_peak(head, x, self.a, x.shape[-1], before, target)
-        else:
-            out, peak = self.layer.window(head, x, self.a, x.shape[-1], target), None
+        head, target = self._history(x, states), self._target(states)
+        out, peak = self._window(head, x, self.a, x.shape[-1], conv, _conv_history(conv, states), target)
         if target is None:
             self._keep_after(head, x, states)
         return out, peak
@@ -334,10 +335,12 @@ class Leaf(Stateful):
         the row peaks ``conv``'s float16 split of its history and this output needs, as
         :meth:`step_before` hands them over (None elsewhere)."""
         head, length = self._history(x, states), self.b + x.shape[-1]
-        if conv is not None and conv.conv.takes_peak(x):
-            before = states.get(conv.index) if conv.state_len else None
-            return self.layer.window_with_peak(head, x, self.a, length, before)
-        return self.layer.window(head, x, self.a, length), None
+        return self._window(head, x, self.a, length, conv, _conv_history(conv, states))
+
+
+def _conv_history(conv: Conv | None, states: StateIO) -> Tensor | None:
+    """The kept history of ``conv`` (the convolution after an activation), read before its new input."""
+    return states.get(conv.index) if conv is not None and conv.state_len else None
 
 
 class Conv(Stateful):
