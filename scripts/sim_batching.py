@@ -9,6 +9,14 @@ stay small and why. The codec supplies only geometry; on a loaded CPU the host p
 so under-runs here are an upper bound, while the batch sizes show what the scheduling does:
 
     python3 scripts/sim_batching.py --codec auk-24k --streams 96 192
+
+With ``--replays`` (a ``scripts/bench_stateful.py`` result) each stateful call instead costs the replay
+time that GPU measured for its bucket, with as many rows live as the call has (interpolated between the
+bucket's full and empty replays), and the device time per second of streamed audio is compared with that
+result's whole-clip decode at batch 32: the scheduling's device cost on that GPU, modelled. Engine and
+stream options as ``bench_stateful.py`` takes them compare scheduling choices side by side:
+
+    python3 scripts/sim_batching.py --streams 512 --replays bench/results/h100/stateful-512-fused-calls-2.json
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ import torch
 
 from streamdec.bench.common import Budget, Latents, Progress
 from streamdec.bench.concurrency import ConcurrencySettings, sweep
+from streamdec.bench.meta import environment
 from streamdec.codecs import load_codec
-from streamdec.engine.simulated import SimulatedCost, SimulatedTier, simulated_engine
+from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S
+from streamdec.engine.simulated import ReplayTable, SimulatedCost, SimulatedTier, simulated_engine
+from streamdec.session import FIRST_CALL_DUE_S
 
 
 def _count_calls(
@@ -34,13 +45,15 @@ def _count_calls(
     """Wrap the simulated tier's stateful call so every call's kind, frames and rows are counted."""
     original = SimulatedTier.call
 
-    def call(self: SimulatedTier, kind: str, slots: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+    def call(
+        self: SimulatedTier, kind: str, slots: torch.Tensor, latents: torch.Tensor, batch: int | None = None
+    ) -> torch.Tensor:
         key = (kind, int(latents.shape[1]))
         calls[key] += 1
         rows[key] += int(latents.shape[0])
-        return original(self, kind, slots, latents)
+        return original(self, kind, slots, latents, batch)
 
-    SimulatedTier.call = call  # type: ignore[method-assign]
+    SimulatedTier.call = call  # type: ignore[method-assign,assignment]
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -48,13 +61,17 @@ async def _run(args: argparse.Namespace) -> None:
     rows: collections.Counter[tuple[str, int]] = collections.Counter()
     _count_calls(calls, rows)
     codec = load_codec(args.codec, device="cpu", dtype=torch.float32)
+    measured = json.loads(Path(args.replays).read_text()) if args.replays else None
+    replays = ReplayTable.from_warmup(measured["modes"]["stateful"]["warmup"]) if measured else None
     engine = simulated_engine(
-        codec, cost=SimulatedCost(args.fixed_ms, args.per_frame_ms), max_batch=args.max_batch,
-        max_streams=max(args.streams) + 8,
+        codec, cost=SimulatedCost(args.fixed_ms, args.per_frame_ms, replays), max_batch=args.max_batch,
+        max_streams=max(args.streams) + 8, hold_lead=args.hold_lead_ms / 1e3,
+        edge_batch_limit=args.edge_batch_limit,
     )  # fmt: skip
     settings = ConcurrencySettings(
-        streams=tuple(args.streams), seconds=args.seconds, burst=4, stagger=1.0, prebuffer_ms=100.0,
+        streams=tuple(args.streams), seconds=args.seconds, burst=4, stagger=args.stagger, prebuffer_ms=100.0,
         min_emit=4, max_emit=16, ttfa_limit_ms=100.0, timeline=args.out is not None,
+        first_call_ms=args.first_call_ms,
     )  # fmt: skip
     try:
         out: dict[str, Any] = await sweep(
@@ -64,13 +81,31 @@ async def _run(args: argparse.Namespace) -> None:
     finally:
         await engine.aclose()
     if args.out is not None:
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        record = {
+            "environment": environment(torch.device("cpu")),
+            "what": "simulated device: the engine's scheduling, each call costing the model's time",
+            "settings": vars(args),
+            "replays": None if measured is None else {"from": args.replays, "device": measured.get("device")},
+            "sweep": out,
+        }
+        Path(args.out).write_text(json.dumps(record, indent=1))
+    whole = measured["whole_clip"]["32"]["device_s_per_audio_s"] if measured else None
     for p in out["decoder"]:
         print(
             f"{p['streams']:4d} streams: ok={p['ok']} under-ran {p['streams_with_underruns']}, "
             f"mean batch {p['mean_batch']:.1f}, device busy {p['busy_fraction']:.2f}, "
             f"p99 first audio {p['ttfa_ms']['p99']:.0f} ms"
         )
+        if whole:
+            audio_s = p["streams"] * args.seconds
+            by_kind = p.get("device_s_by_kind") or {}
+            kinds = {k: s / audio_s / whole for k, s in sorted(by_kind.items())}
+            total = sum(by_kind.values()) / audio_s  # the model's time, not the host's sleeps
+            print(
+                f"      device s per audio s {total:.5f}, {total / whole:.3f}x the whole clip at batch 32 ("
+                + ", ".join(f"{k} {v:.3f}" for k, v in kinds.items())
+                + ")"
+            )
     for key in sorted(calls):
         print(
             f"{key[0]:5s} {key[1]:2d} frames: {calls[key]:5d} calls, {rows[key] / calls[key]:6.1f} rows each"
@@ -84,6 +119,11 @@ def main() -> None:
     ap.add_argument("--fixed-ms", type=float, default=6.5)
     ap.add_argument("--per-frame-ms", type=float, default=0.035)
     ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--replays", default=None, help="a bench_stateful.py result: its GPU's replay times")
+    ap.add_argument("--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3)
+    ap.add_argument("--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3)
+    ap.add_argument("--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT)
+    ap.add_argument("--stagger", type=float, default=1.0, help="seconds over which the streams start")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--budget-s", type=float, default=600.0)
     ap.add_argument("--out", default=None, help="write the sweep, with each point's timeline, as JSON here")

@@ -72,7 +72,7 @@ from .completion import Completer, HostCompleter, Inflight, Mailbox, PollComplet
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
 from .output import DecodedAudio
 from .scheduler import BucketKey, CostFn, Scheduler, Ticket, linear_cost
-from .simulated import SimulatedCost, SimulatedTier, call_seconds
+from .simulated import SimulatedCost, SimulatedTier, bucket_seconds
 from .slots import SlotAllocator, StatePool
 
 __all__ = [
@@ -636,7 +636,7 @@ class DecodeEngine(Engine):
         """Device seconds of one call of ``key``: measured at warm-up, or the simulated device's model;
         None where unknown (the scheduler then holds nothing)."""
         if self.simulated is not None:
-            return call_seconds(self.simulated.cost, [key.frames] * key.batch)
+            return bucket_seconds(self.simulated.cost, key, key.batch)
         measured_ms = self._measured.get(key)
         return None if measured_ms is None else 1e-3 * measured_ms
 
@@ -727,7 +727,9 @@ class DecodeEngine(Engine):
             now = time.monotonic()
             call = item.extra.get("call")
             if call is not None:
-                self._calls.append(call._replace(finished=now, device_s=elapsed))
+                self._calls.append(
+                    call._replace(finished=now, device_s=elapsed if elapsed is not None else call.device_s)
+                )
             if self._inflight == 0:  # an estimate that ran long (or short) ends with the device free
                 self._device_free_at = now
             self._busy.add(now, elapsed if elapsed is not None else float(item.extra.get("seconds", 0.0)))
@@ -755,8 +757,10 @@ class DecodeEngine(Engine):
             self._finished(failed)
             return
         due = min(p.request.deadline for p in live)
+        # a simulated device's time is its model's (what it slept); a GPU's comes from the call's events
+        modelled = bucket_seconds(self.simulated.cost, key, len(live)) if self.simulated is not None else None
         item.extra["call"] = DeviceCall(
-            key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched, None,
+            key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched, modelled,
             self._replay_s(key),
         )  # fmt: skip
         with self._lock:
@@ -883,11 +887,11 @@ class DecodeEngine(Engine):
         began = time.perf_counter()
         x = torch.stack([p.request.latents for p in live])  # [rows, frames, D]
         if key.kind == "window":
-            out = tier.windows(x, lo // self.hop, hi // self.hop)
+            out = tier.windows(x, lo // self.hop, hi // self.hop, batch=key.batch)
         else:
             # the slots in numpy, which the stand-in reads: no tensor made only to be read back
             slots = np.array([p.request.slot for p in live], dtype=np.int64)  # type: ignore[union-attr]
-            out = tier.call(key.kind, slots, x)
+            out = tier.call(key.kind, slots, x, batch=key.batch)
         return self._host_inflight(out, waiters, began)
 
     def _host_inflight(self, out: torch.Tensor, waiters: list[Waiter], began: float) -> Inflight:

@@ -7,7 +7,8 @@ scheduler, batching, completion, cancellation, stateful slots) with its "run a b
 be measured on any machine, a 2-core CPU included, without the codec's cost hiding it. A call:
 
 * sleeps the delay of :class:`SimulatedCost`: ``fixed_ms`` per device call plus ``per_frame_ms`` per
-  frame of every stream's row in the call (``0,0`` measures the host path alone);
+  frame of every stream's row in the call (``0,0`` measures the host path alone), or, for the buckets a
+  :class:`ReplayTable` holds, the replay time a GPU measured for that bucket with as many rows live;
 * returns audio that is a cheap pure function of each *emitted* frame's latents
   (:func:`stand_in_frames`): frame ``f`` becomes ``hop`` samples of one sine period scaled by
   ``0.2 + 0.3 * tanh(latents[f, 0])``. So a stream's audio depends on its latents only, never on how they
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +35,7 @@ import torch
 
 from ..errors import ConfigError
 from .base import WindowRequest
+from .scheduler import BucketKey
 
 if TYPE_CHECKING:
     from ..codecs import Codec
@@ -41,8 +43,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SIMULATED_SLOTS",
+    "ReplayTable",
     "SimulatedCost",
     "SimulatedTier",
+    "bucket_seconds",
     "call_seconds",
     "plan_calls",
     "simulated_engine",
@@ -52,11 +56,50 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class ReplayTable:
+    """Replay times a GPU engine measured for its stateful graphs, per bucket: with every row live
+    (``full_ms``) and with none (``empty_ms``: padding rows return at once, but the launches stay). A call
+    of ``live`` real rows is modelled as ``empty + (full - empty) * live / batch``."""
+
+    full_ms: Mapping[BucketKey, float]
+    empty_ms: Mapping[BucketKey, float] = field(default_factory=dict)
+
+    def seconds(self, key: BucketKey, live: int) -> float | None:
+        """Modelled seconds of a call of ``key`` with ``live`` real rows; None for a bucket not measured."""
+        full = self.full_ms.get(key)
+        if full is None:
+            return None
+        empty = self.empty_ms.get(key, full)
+        return (empty + (full - empty) * min(live, key.batch) / key.batch) / 1000.0
+
+    @classmethod
+    def from_warmup(cls, warmup: Mapping[str, Any]) -> ReplayTable:
+        """From the ``replay_ms`` and ``empty_replay_ms`` a stateful warm-up reports (``scripts/
+        bench_stateful.py`` keeps them in its result), keyed ``"step 64x16"``."""
+        try:
+            full = {_bucket(name): float(ms) for name, ms in warmup["replay_ms"].items()}
+            empty = {_bucket(name): float(ms) for name, ms in (warmup.get("empty_replay_ms") or {}).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"not a stateful warm-up's replay times ({exc!r}): need 'replay_ms'") from exc
+        if not full:
+            raise ConfigError("a replay table needs at least one measured bucket")
+        return cls(full, empty)
+
+
+def _bucket(name: str) -> BucketKey:
+    kind, shape = name.split()
+    batch, frames = shape.split("x")
+    return BucketKey(int(batch), int(frames), kind)
+
+
+@dataclass(frozen=True)
 class SimulatedCost:
-    """The modelled device time of one call: ``fixed_ms + per_frame_ms * (sum of window frames)``."""
+    """The modelled device time of one call: ``fixed_ms + per_frame_ms * (sum of window frames)``, or the
+    ``replays`` table's time for a bucket it measured."""
 
     fixed_ms: float = 0.0
     per_frame_ms: float = 0.0
+    replays: ReplayTable | None = None
 
     def __post_init__(self) -> None:
         for name in ("fixed_ms", "per_frame_ms"):
@@ -79,12 +122,24 @@ class SimulatedCost:
         return cls(values[0], values[1] if len(values) == 2 else 0.0)
 
     def __str__(self) -> str:
-        return f"{self.fixed_ms:g},{self.per_frame_ms:g}"
+        text = f"{self.fixed_ms:g},{self.per_frame_ms:g}"
+        return (
+            text
+            if self.replays is None
+            else f"{text} (measured replays of {len(self.replays.full_ms)} buckets)"
+        )
 
 
 def call_seconds(cost: SimulatedCost, window_frames: Sequence[int]) -> float:
     """Modelled seconds of one device call decoding windows of these lengths as one batch."""
     return (cost.fixed_ms + cost.per_frame_ms * sum(window_frames)) / 1000.0
+
+
+def bucket_seconds(cost: SimulatedCost, key: BucketKey, live: int) -> float:
+    """Modelled seconds of one call of bucket ``key`` with ``live`` real rows: the replay table's time
+    where it measured the bucket, else :func:`call_seconds` of the live rows."""
+    measured = cost.replays.seconds(key, live) if cost.replays is not None else None
+    return measured if measured is not None else call_seconds(cost, [key.frames] * live)
 
 
 def plan_calls(requests: Sequence[WindowRequest], max_batch: int) -> list[list[int]]:
@@ -147,25 +202,34 @@ class SimulatedTier:
         self._wave = self.period.numpy()  # what each call multiplies, read once
         self.tails = np.zeros((self.slots + 1, self.right_frames), np.float32)  # [slots + 1, right_frames]
 
-    def windows(self, latents: torch.Tensor | np.ndarray, lo: int, hi: int) -> torch.Tensor:
+    def windows(
+        self, latents: torch.Tensor | np.ndarray, lo: int, hi: int, batch: int | None = None
+    ) -> torch.Tensor:
         """``[rows, channels, (hi - lo) * hop]`` for frames ``lo:hi`` of windows ``[rows, frames, D]`` (or
-        their first latents alone, ``[rows, frames]``)."""
+        their first latents alone, ``[rows, frames]``), the live rows of a ``batch``-row bucket (default:
+        as many rows as given)."""
         first = _first_of_frames(latents)
-        self._wait([int(first.shape[1])] * int(first.shape[0]))
+        rows, frames = int(first.shape[0]), int(first.shape[1])
+        self._wait(BucketKey(batch or rows, frames, "window"), rows)
         return stand_in_frames(first[:, lo:hi], self._wave, self.channels)
 
     def call(
-        self, kind: str, slots: torch.Tensor | np.ndarray, latents: torch.Tensor | np.ndarray
+        self,
+        kind: str,
+        slots: torch.Tensor | np.ndarray,
+        latents: torch.Tensor | np.ndarray,
+        batch: int | None = None,
     ) -> torch.Tensor:
         """A batched stateful ``kind`` call of rows ``slots`` ``[rows]`` on ``latents`` ``[rows, n, D]`` (or
-        their first latents alone, ``[rows, n]``).
+        their first latents alone, ``[rows, n]``): the live rows of a ``batch``-row bucket (default: as
+        many rows as given).
 
         Returns ``[rows, channels, emitted * hop]``: ``n - right_frames`` frames for a prime, ``n`` for a
         step, ``n + right_frames`` for a flush (see :class:`~streamdec.engine.base.StepRequest`).
         """
         new = _first_of_frames(latents)  # [rows, n]; numpy, as stand_in_frames says why
         n = int(new.shape[1])
-        self._wait([n] * int(new.shape[0]))
+        self._wait(BucketKey(batch or int(new.shape[0]), n, kind), int(new.shape[0]))
         r = self.right_frames
         rows = slots.numpy() if isinstance(slots, torch.Tensor) else slots
         seq = new if kind == "prime" else np.concatenate([self.tails[rows], new], axis=1)
@@ -174,10 +238,10 @@ class SimulatedTier:
             self.tails[rows] = seq[:, seq.shape[1] - r :]
         return stand_in_frames(seq[:, :emitted], self._wave, self.channels)
 
-    def _wait(self, window_frames: list[int]) -> None:
-        if not (self.cost.fixed_ms or self.cost.per_frame_ms):
+    def _wait(self, key: BucketKey, live: int) -> None:
+        if not (self.cost.fixed_ms or self.cost.per_frame_ms) and self.cost.replays is None:
             return  # cost 0,0 (the host path alone): nothing to wait
-        delay = call_seconds(self.cost, window_frames)
+        delay = bucket_seconds(self.cost, key, live)
         if delay > 0:
             self.sleep(delay)
 

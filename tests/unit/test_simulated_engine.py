@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from streamdec import StreamDecoder
 from streamdec.engine.base import Engine, StepRequest, WindowRequest
 from streamdec.engine.core import DecodeEngine
+from streamdec.engine.scheduler import BucketKey
 from streamdec.engine.simulated import (
+    ReplayTable,
     SimulatedCost,
     SimulatedTier,
+    bucket_seconds,
     call_seconds,
     plan_calls,
     simulated_engine,
@@ -46,6 +49,68 @@ def test_bad_cost_is_a_config_error_naming_the_value(text: str) -> None:
 
 def test_call_seconds_is_fixed_plus_per_frame_over_all_rows() -> None:
     assert call_seconds(SimulatedCost(2.0, 0.5), [10, 30]) == pytest.approx((2.0 + 0.5 * 40) / 1000)
+
+
+def test_a_replay_table_interpolates_between_a_buckets_empty_and_full_replays() -> None:
+    """A call of ``live`` of a bucket's rows costs its empty replay plus that share of the rest; a bucket
+    the table did not measure costs what the fixed and per-frame model says for its live rows."""
+    step = BucketKey(64, 4, "step")
+    cost = SimulatedCost(2.0, 0.5, ReplayTable({step: 11.0}, {step: 3.0}))
+    assert bucket_seconds(cost, step, 64) == pytest.approx(0.011)
+    assert bucket_seconds(cost, step, 16) == pytest.approx(0.005)
+    assert bucket_seconds(cost, step, 0) == pytest.approx(0.003)
+    other = BucketKey(16, 4, "step")
+    assert bucket_seconds(cost, other, 3) == call_seconds(cost, [4] * 3)
+    unmeasured_empty = SimulatedCost(replays=ReplayTable({step: 11.0}))
+    assert bucket_seconds(unmeasured_empty, step, 1) == pytest.approx(0.011)  # no empty replay: full
+
+
+def test_a_replay_table_reads_a_stateful_warmup_and_refuses_anything_else() -> None:
+    table = ReplayTable.from_warmup(
+        {"replay_ms": {"step 64x4": 11.0, "prime 16x12": 5.2}, "empty_replay_ms": {"step 64x4": 1.7}}
+    )
+    assert table.full_ms == {BucketKey(64, 4, "step"): 11.0, BucketKey(16, 12, "prime"): 5.2}
+    assert table.empty_ms == {BucketKey(64, 4, "step"): 1.7}
+    for bad in ({}, {"replay_ms": {}}, {"replay_ms": {"step": 1.0}}, {"replay_ms": {"step 4x4": "slow"}}):
+        with pytest.raises(ConfigError, match="replay"):
+            ReplayTable.from_warmup(bad)
+
+
+async def test_a_stateful_stream_on_measured_replays_costs_each_call_its_bucket_at_its_live_rows(
+    codec: Any,
+) -> None:
+    """Every call sleeps, and reports as its device time, the table's replay of its bucket at the rows it
+    carried; the scheduler plans with the bucket's full replay."""
+    table = ReplayTable(
+        {
+            BucketKey(b, f, k): 10.0 + f + b
+            for k in ("prime", "step", "flush")
+            for b in (1, 2, 4)
+            for f in range(33)
+        },
+        {BucketKey(b, f, k): 1.0 for k in ("prime", "step", "flush") for b in (1, 2, 4) for f in range(33)},
+    )
+    cost = SimulatedCost(replays=table)
+    slept: list[float] = []
+    engine = simulated_engine(codec, cost=cost, max_batch=4, max_streams=4, sleep=slept.append)
+    latents = torch.randn(3, 40, codec.latent_dim)
+
+    async def stream(dec: StreamDecoder, z: torch.Tensor) -> int:
+        return sum([tile.samples.shape[-1] async for tile in dec.decode_tiles(list(z.split(4)))])
+
+    try:
+        async with StreamDecoder(codec, mode="stateful", engine=engine, min_emit=4, max_emit=8) as dec:
+            samples = await asyncio.gather(*(stream(dec, z) for z in latents))
+    finally:
+        await engine.aclose()
+    assert samples == [40 * codec.hop_size] * 3
+    calls = engine.recent_calls()
+    assert {c.kind for c in calls} == {"prime", "step", "flush"}
+    for call in calls:
+        key = BucketKey(call.batch, call.frames, call.kind)
+        assert call.device_s == pytest.approx(table.seconds(key, call.live))
+        assert call.estimate_s == pytest.approx(table.seconds(key, call.batch))
+    assert sorted(slept) == pytest.approx(sorted(c.device_s for c in calls))
 
 
 def _request(
