@@ -13,10 +13,11 @@ so under-runs here are an upper bound, while the batch sizes show what the sched
 With ``--replays`` (a ``scripts/bench_stateful.py`` result) each stateful call instead costs the replay
 time that GPU measured for its bucket, with as many rows live as the call has (interpolated between the
 bucket's full and empty replays), and the device time per second of streamed audio is compared with that
-result's whole-clip decode at batch 32: the scheduling's device cost on that GPU, modelled. Engine and
-stream options as ``bench_stateful.py`` takes them compare scheduling choices side by side:
+result's whole-clip decode at batch 32: the scheduling's device cost on that GPU, modelled. The hold
+lead, first-call due, edge batch limit and stagger, named as ``bench_stateful.py`` names them, compare
+scheduling choices side by side (a 2-core host carries 384 streams here, not 512):
 
-    python3 scripts/sim_batching.py --streams 512 --replays bench/results/h100/stateful-512-fused-calls-2.json
+    python3 scripts/sim_batching.py --streams 384 --replays bench/results/h100/stateful-512-fused-calls-2.json
 """
 
 from __future__ import annotations

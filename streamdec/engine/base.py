@@ -130,9 +130,7 @@ class DeviceCall(NamedTuple):
     due: float  # the earliest deadline among the call's work
     launched: float  # when the device thread began the call
     finished: float  # when its results had been handed over
-    device_s: (
-        float | None
-    )  # device time between its events; a simulated device's modelled time; None on the CPU
+    device_s: float | None  # device time between its events (simulated: the model's; None on the CPU)
     estimate_s: float | None  # the replay time the scheduler planned with
 
 
