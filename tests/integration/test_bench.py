@@ -275,3 +275,27 @@ def test_bench_stateful_prints_a_line_per_point_with_its_verdict_and_device_time
     del result["modes"]["stateful"]["device_per_audio_second"]
     (bare,) = module._summary(result)
     assert bare.endswith("mean batch 74.7") and "whole clip" not in bare
+
+
+def test_sim_batching_on_measured_replays_reports_device_time_by_kind(tmp_path: Path) -> None:
+    """scripts/sim_batching.py with a GPU result's replay times: a few real-time streams through the
+    engine's scheduling on the simulated device, the device time by kind set against that GPU's whole
+    clip, and a JSON with its environment and where its replay times came from."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    replays = "bench/results/h100/stateful-512-fused-calls-2.json"
+    out = tmp_path / "sim.json"
+    done = subprocess.run(
+        [sys.executable, "scripts/sim_batching.py", "--streams", "6", "--seconds", "1.5", "--replays", replays,
+         "--out", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "   6 streams: ok=" in done.stdout  # whether a loaded host kept time is not what is tested
+    assert "x the whole clip at batch 32 (flush " in done.stdout
+    record = json.loads(out.read_text())
+    assert record["replays"] == {"from": replays, "device": "NVIDIA H100 80GB HBM3"}
+    assert record["environment"]["command"]
+    (point,) = record["sweep"]["decoder"]
+    assert set(point["device_s_by_kind"]) == {"prime", "step", "flush"}
