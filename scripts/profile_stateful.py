@@ -3,7 +3,8 @@
 For each step bucket (streams x frames) and each way of running a step (``fused``: one gather of every
 layer's state, residual adds in the conv epilogue, which reads a delay line's history and new samples
 where they lie, activation row peaks handed over; ``fused-joined``: the same with each delay line's
-output concatenated first, as steps were run before the epilogue read the two parts; ``per-layer``:
+output concatenated first, as steps were run before the epilogue read the two parts; ``split-64``: the
+fused step with every input split in 64-sample tiles instead of tiles sized to its rows; ``per-layer``:
 ``StatePool(fused=False)``, a gather and a scatter per layer and nothing handed over), it prints the
 eager step's kernel launches and kernel time under torch.profiler, and the captured graph's replay time
 (CUDA events: a warm-up, then the median of ``--repeats`` runs of ``--replays`` replays) and its graph
@@ -29,20 +30,24 @@ from torch.profiler import DeviceType, ProfilerActivity, profile
 from streamdec.codecs import load_codec, stateful
 from streamdec.codecs.stateful import StatefulNet
 from streamdec.engine.slots import StatePool
+from streamdec.kernels import sizing
 
-_WAYS = {"fused": True, "fused-joined": True, "per-layer": False}
+_WAYS = {"fused": True, "fused-joined": True, "split-64": True, "per-layer": False}
 
 
 @contextlib.contextmanager
 def _way(name: str) -> Iterator[None]:
-    """Within it, ``fused-joined`` steps concatenate each residual's delayed identity before the add."""
-    original = stateful._identity_parts
+    """Within it, ``fused-joined`` steps concatenate each residual's delayed identity before the add, and
+    ``split-64`` steps split their inputs in 64-sample tiles."""
+    original, tiles = stateful._identity_parts, sizing.SPLIT_BLOCKS_T
     if name == "fused-joined":
         stateful._identity_parts = lambda identity, x, states: (None, identity.step(x, states))
+    if name == "split-64":
+        sizing.SPLIT_BLOCKS_T = (64,)
     try:
         yield
     finally:
-        stateful._identity_parts = original
+        stateful._identity_parts, sizing.SPLIT_BLOCKS_T = original, tiles
 
 
 def top_kernels(prof: profile, rows: int) -> str:

@@ -594,13 +594,15 @@ def split_f16(
                     num_warps=8, **dependent_launch(x.device),
                 )  # fmt: skip
     pool, slots = keep if keep is not None else (x, amax)  # never read without KEEP
-    grid = (triton.cdiv(length, 64), triton.cdiv(padded, 32), batch)
+    block_t = sizing.split_block_t(length)
+    grid = (triton.cdiv(length, block_t), padded // F16_CHANNEL_QUANTUM, batch)
     _split_kernel[grid](
         head if kept else x, x, amax, hi, lo, inverse, live_arg, pool, slots, channels, kept,
         head.stride(0) if kept else 0, samples, padded, pad_left, length, pool.stride(0) if keep else 0,
         pool.shape[-1] if keep else 0,
-        BLOCK_C=32, BLOCK_T=64, WRITE_LO=tails, HAS_LIVE=live is not None, KEEP=keep is not None,
-        num_warps=4, **dependent_launch(x.device),
+        BLOCK_C=F16_CHANNEL_QUANTUM, BLOCK_T=block_t, WRITE_LO=tails, HAS_LIVE=live is not None,
+        KEEP=keep is not None, num_warps=block_t * F16_CHANNEL_QUANTUM // sizing.SPLIT_ELEMENTS_PER_WARP,
+        **dependent_launch(x.device),
     )  # fmt: skip
     return hi, lo, inverse
 

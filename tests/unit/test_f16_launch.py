@@ -6,7 +6,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from streamdec.kernels import f16_launch
+from streamdec.kernels import f16_launch, sizing
 from streamdec.kernels.f16_launch import CHUNK_STEPS, LARGE, SMALL, Tiles, chunking, plan
 
 
@@ -156,3 +156,22 @@ def test_channels_along_n_launch_fits_and_keeps_the_layers_arithmetic(
 @pytest.mark.parametrize(("cout", "along_n"), [(1, True), (24, True), (32, True), (33, False), (96, False)])
 def test_small_layers_put_their_channels_along_n(cout: int, along_n: bool) -> None:
     assert f16_launch.channels_as_n(cout) is along_n
+
+
+@given(st.integers(1, 20000))
+def test_the_input_split_takes_the_largest_tile_that_wastes_little(length: int) -> None:
+    """The split's tile along time: a larger one only where its padding is at most 1/16 of the row; the
+    smallest wherever none is that tight. Its warps hold the same elements a lane whatever the tile."""
+    block = sizing.split_block_t(length)
+    assert block in sizing.SPLIT_BLOCKS_T
+    fitting = [b for b in sizing.SPLIT_BLOCKS_T if -length % b * sizing.SPLIT_WASTE <= length]
+    assert block == (max(fitting) if fitting else min(sizing.SPLIT_BLOCKS_T))
+    assert block * 32 % sizing.SPLIT_ELEMENTS_PER_WARP == 0
+
+
+@pytest.mark.parametrize(
+    ("length", "block"), [(22, 16), (86, 16), (96, 32), (128, 64), (961, 32), (1922, 64)]
+)
+def test_a_stateful_steps_short_rows_split_in_small_tiles(length: int, block: int) -> None:
+    """auk-24k's 256 x 4 step: its wide layers' rows of 22-86 samples split in 16-sample tiles."""
+    assert sizing.split_block_t(length) == block
