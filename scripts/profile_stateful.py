@@ -41,7 +41,7 @@ def _way(name: str) -> Iterator[None]:
     ``split-64`` steps split their inputs in 64-sample tiles."""
     original, tiles = stateful._identity_parts, sizing.SPLIT_BLOCKS_T
     if name == "fused-joined":
-        stateful._identity_parts = lambda identity, x, states: (None, identity.step(x, states))
+        stateful._identity_parts = lambda call, identity, x, states: (None, getattr(identity, call)(x, states))
     if name == "split-64":
         sizing.SPLIT_BLOCKS_T = (64,)
     try:
