@@ -4,15 +4,19 @@ For each step bucket (streams x frames) and each way of running a step (``fused`
 layer's state, residual adds in the conv epilogue, which reads a delay line's history and new samples
 where they lie, activation row peaks handed over; ``fused-joined``: the same with each delay line's
 output concatenated first, as steps were run before the epilogue read the two parts; ``split-64``: the
-fused step with every input split in 64-sample tiles instead of tiles sized to its rows; ``per-layer``:
+fused step with every input split in 64-sample tiles instead of tiles sized to its rows; ``pack-8``: the
+fused step with the convolutions packing only rows shorter than a tile, 8 samples of each, instead of
+pieces sized to the rows; ``per-layer``:
 ``StatePool(fused=False)``, a gather and a scatter per layer and nothing handed over), it prints the
 eager step's kernel launches and kernel time under torch.profiler, and the captured graph's replay time
 (CUDA events: a warm-up, then the median of ``--repeats`` runs of ``--replays`` replays) and its graph
-memory. Both ways start from the same primed state and must give the same bits (printed). Then the top
-kernels of the first bucket, both ways, and of a whole-clip decode of as many frames:
+memory. All ways start from the same primed state and must give the same bits (printed). Then the top
+kernels of the first bucket, each way, and of a whole-clip decode of as many frames (its kernel time
+also with ``pack-8``'s convolutions):
 
     python3 scripts/profile_stateful.py --codec auk-24k --batch 256 --frames 4
     python3 scripts/profile_stateful.py --codec auk-24k --batch 1 --frames 4 --buckets 16x4 64x4
+    python3 scripts/profile_stateful.py --ways fused pack-8
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ from torch.profiler import DeviceType, ProfilerActivity, profile
 from streamdec.codecs import load_codec, stateful
 from streamdec.codecs.stateful import StatefulNet
 from streamdec.engine.slots import StatePool
-from streamdec.kernels import sizing
+from streamdec.kernels import f16_launch, sizing
 
-_WAYS = {"fused": True, "fused-joined": True, "split-64": True, "per-layer": False}
+_WAYS = {"fused": True, "fused-joined": True, "split-64": True, "pack-8": True, "per-layer": False}
+
+
+def _joined_identity(call: str, identity: Any, x: torch.Tensor, states: Any) -> tuple[None, torch.Tensor]:
+    """A residual's identity path as one tensor, concatenated before the add (the ``fused-joined`` way)."""
+    return None, getattr(identity, call)(x, states)
 
 
 @contextlib.contextmanager
@@ -40,14 +49,18 @@ def _way(name: str) -> Iterator[None]:
     """Within it, ``fused-joined`` steps concatenate each residual's delayed identity before the add, and
     ``split-64`` steps split their inputs in 64-sample tiles."""
     original, tiles = stateful._identity_parts, sizing.SPLIT_BLOCKS_T
+    pieces, long_rows = f16_launch.PACK_ROW_NS, f16_launch.PACK_LONG_ROWS
     if name == "fused-joined":
-        stateful._identity_parts = lambda call, identity, x, states: (None, getattr(identity, call)(x, states))
+        stateful._identity_parts = _joined_identity
     if name == "split-64":
         sizing.SPLIT_BLOCKS_T = (64,)
+    if name == "pack-8":
+        f16_launch.PACK_ROW_NS, f16_launch.PACK_LONG_ROWS = (8,), False
     try:
         yield
     finally:
         stateful._identity_parts, sizing.SPLIT_BLOCKS_T = original, tiles
+        f16_launch.PACK_ROW_NS, f16_launch.PACK_LONG_ROWS = pieces, long_rows
 
 
 def top_kernels(prof: profile, rows: int) -> str:
@@ -88,6 +101,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ways", nargs="+", choices=list(_WAYS), default=list(_WAYS))
+    ap.add_argument("--whole-frames", type=int, default=64, help="frames a row of the whole clip")
+    ap.add_argument("--whole-rows", type=int, help="rows of the whole clip (default: a step's frames)")
     args = ap.parse_args()
     buckets = [(args.batch, args.frames), *(parse_bucket(b) for b in args.buckets)]
     codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
@@ -96,7 +112,7 @@ def main() -> None:
     slots = max(b for b, _ in buckets)
     cuda = torch.device("cuda")
     pools = {
-        way: StatePool(net, slots, device=cuda, dtype=torch.float32, fused=f) for way, f in _WAYS.items()
+        way: StatePool(net, slots, device=cuda, dtype=torch.float32, fused=_WAYS[way]) for way in args.ways
     }
     gen = torch.Generator(device="cuda").manual_seed(0)
     prime = torch.randn(slots, net.min_prime_frames + 4, codec.latent_dim, device="cuda", generator=gen)
@@ -125,17 +141,24 @@ def main() -> None:
                 print(
                     f"{bucket:>8} {way:>10} {launches:>9} {kernel_ms:>10.2f} {replay_ms:>10.2f} {gib:>10.2f}"
                 )
-            (fa, fs) = outs["fused"]
+            (fa, fs) = next(iter(outs.values()))
             same_audio = all(torch.equal(fa, a) for a, _ in outs.values())
             same_state = all(torch.equal(fs, s) for _, s in outs.values())
             print(f"{'':>8} same bits, every way: audio {same_audio}, new state {same_state}")
-        whole = torch.randn(max(1, args.batch * args.frames // 64), 64, codec.latent_dim, device="cuda")
+        rows = args.whole_rows or max(1, args.batch * args.frames // args.whole_frames)
+        whole = torch.randn(rows, args.whole_frames, codec.latent_dim, device="cuda")
         codec.decode(whole)
         whole_prof, whole_ms, whole_launches = profiled(lambda: codec.decode(whole))
+        with _way("pack-8"):
+            codec.decode(whole)
+            _, pack8_ms, _ = profiled(lambda: codec.decode(whole))
     for way, prof in tops.items():
         print(f"== step {args.batch}x{args.frames}, {way}")
         print(top_kernels(prof, args.rows))
-    print(f"== whole clip {tuple(whole.shape[:2])}: {whole_ms:.1f} ms of kernels, {whole_launches} launches")
+    print(
+        f"== whole clip {tuple(whole.shape[:2])}: {whole_ms:.2f} ms of kernels ({pack8_ms:.2f} with pack-8), "
+        f"{whole_launches} launches"
+    )
     print(top_kernels(whole_prof, args.rows))
 
 

@@ -15,12 +15,12 @@ at batch 1, ``bench/results/h200/conv-launches-16x70.json`` at batch 16), each c
   programs share a multiprocessor (a 192-channel layer would leave a third of a 128 tile idle);
 - chunks as separate programs wherever that fills the last wave of programs noticeably better (the
   768-channel layers at batch 16: 288 tiles are 2.2 waves on 132 multiprocessors, 864 chunks 6.5);
-- rows shorter than the tile (a stateful step's 20-80 samples per stream) are packed: a program covers
-  8 samples of each of ``block_n // 8`` rows, so the weight tile it loads serves a full tile of outputs
-  and a row wastes at most 7 samples instead of up to three quarters of a tile. Packing is used where it
-  still leaves a program for every multiprocessor (large batches); it changes no result bit. Packed large
-  tiles whose last wave would run mostly empty (auk-24k's 768-channel stage at 256 streams: 288 programs,
-  2.2 waves) give way to small ones, two to a multiprocessor (``bench/results/h200/step-convs.json``).
+- rows that whole tiles would pad (a stateful step's 20-960 samples per stream) are packed: a program
+  covers ``row_n`` samples (4 to 64, the size that pads the row least) of each of ``block_n // row_n``
+  rows, so the weight tile it loads serves a full tile of outputs and a row of 20 computes 20 samples, not
+  32 of a one-row tile or 24 of 8-sample pieces. Packing is used where it still leaves a program for every
+  multiprocessor (large batches); it changes no result bit. Packed large tiles whose last wave would run
+  mostly empty give way to small ones, two to a multiprocessor (``bench/results/h200/step-convs.json``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import NamedTuple
 from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
 
 __all__ = [
-    "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_ROW_N", "SMALL", "ChannelsLaunch", "Launch", "Tiles", "block_k",
-    "channels_as_n", "chunking", "default_tiles", "plan", "plan_channels",
+    "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_LONG_ROWS", "PACK_LONG_WASTE", "PACK_ROW_NS", "SMALL", "ChannelsLaunch", "Launch", "Tiles",
+    "block_k", "channels_as_n", "chunking", "default_tiles", "pack_row_n", "packed_tiles", "plan", "plan_channels",
 ]  # fmt: skip
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
@@ -39,7 +39,17 @@ SHARED_PER_PAIR = 112 * 1024  # shared memory one of two programs on a Hopper mu
 SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fraction more
 PACK_LARGE_FILL = 0.8  # packed large tiles need their waves this full on average, else small tiles
 _MIN_BLOCK_N = 32  # samples: the smallest output tile along time
-PACK_ROW_N = 8  # samples of each packed row per program: one 128-byte swizzle atom of the input box
+# Samples of each packed row a program covers, largest first: the planner takes the one that pads a row
+# least (:func:`pack_row_n`): rows of 20 in 4-sample pieces, 240 in 16-sample ones. The input box
+# ``[rows, row_n, 64 channels]`` has 128-byte rows, so its 128-byte swizzle is the 2-D operand's at any
+# row_n and the reshape stays a view of shared memory (the sm_90a compile checks it:
+# tests/unit/test_kernels_compile.py).
+PACK_ROW_NS = (64, 32, 16, 8, 4)
+# Rows at least a tile long are packed too where whole tiles would pad them by more than 1/PACK_LONG_WASTE:
+# a 4-frame step's rows of 240, 480 and 960 samples fill 128-sample tiles to 94 %, 16-, 32- and 64-sample
+# pieces fully. Rows padded less keep one row a program, whose taps re-read one row's samples.
+PACK_LONG_ROWS = True
+PACK_LONG_WASTE = 16
 # Layers with at most this many output channels put them along the GEMM's N (:func:`plan_channels`): on an
 # H200 that took auk-24k's 24-channel layers 1.5x and its 1-channel one 2.5x faster, and the 48-, 96- and
 # 192-channel ones 5-30 % slower (bench/results/h200/step-convs-variants.json).
@@ -129,16 +139,36 @@ def _wave_fill(programs: int, slots: int) -> float:
     return programs / (_cdiv(programs, slots) * slots)
 
 
+def pack_row_n(tout: int, block_n: int) -> int:
+    """Samples of each row that a packed program of ``block_n`` columns covers, for rows of ``tout``: the
+    size in :data:`PACK_ROW_NS` under ``block_n`` (a program takes two rows at least) that pads a row
+    least, the largest of equals (fewer rows a program: less row arithmetic in the epilogue)."""
+    sizes = [n for n in PACK_ROW_NS if n < block_n] or [min(PACK_ROW_NS)]
+    return min(sizes, key=lambda n: (_cdiv(tout, n) * n, -n))
+
+
+def _pads_less_packed(tout: int, block_n: int, row_n: int | None = None) -> bool:
+    """Whether pieces of ``row_n`` samples (default :func:`pack_row_n`) pad rows of ``tout`` less than
+    one-row programs of tiles up to ``block_n`` samples do, by enough to pack (:data:`PACK_LONG_ROWS`)."""
+    alone = pow2_block(tout, _MIN_BLOCK_N, block_n)
+    padded = _cdiv(tout, alone) * alone
+    if tout >= block_n and not (PACK_LONG_ROWS and (padded - tout) * PACK_LONG_WASTE > tout):
+        return False
+    row_n = row_n or pack_row_n(tout, block_n)
+    return _cdiv(tout, row_n) * row_n < padded
+
+
 def packed_tiles(batch: int, cout: int, tout: int, sms: int, bk: int = 64) -> Tiles | None:
-    """The tile for packing short rows (module docstring), or None where packing does not pay: rows that
-    fill a tile anyway, a single row, or a grid too small to give every multiprocessor a program."""
-    if batch < 2 or tout >= LARGE.block_n:
+    """The tile for packing rows (module docstring), or None where packing does not pay: rows it would
+    pad no less, a single row, or a grid too small to give every multiprocessor a program."""
+    if batch < 2:
         return None
     for tile in (default_tiles(batch, cout, tout, sms, bk), SMALL):
-        if tout >= tile.block_n:
+        if not _pads_less_packed(tout, tile.block_n):
             continue
-        rows = min(tile.block_n // PACK_ROW_N, pow2_block(batch, 1, tile.block_n))
-        programs = _cdiv(batch, rows) * _cdiv(tout, PACK_ROW_N) * _cdiv(cout, tile.block_m)
+        row_n = pack_row_n(tout, tile.block_n)
+        rows = min(tile.block_n // row_n, pow2_block(batch, 1, tile.block_n))
+        programs = _cdiv(batch, rows) * _cdiv(tout, row_n) * _cdiv(cout, tile.block_m)
         if programs < sms:
             continue
         if tile == LARGE and _wave_fill(programs, sms) < PACK_LARGE_FILL:
@@ -165,22 +195,21 @@ def plan(
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
     packed = (
-        (tiles if tout < tiles.block_n and batch > 1 else None)
+        (tiles if batch > 1 and _pads_less_packed(tout, tiles.block_n) else None)
         if tiles
         else packed_tiles(batch, cout, tout, sms, bk)
     )
     rows = 0
     if pack and packed is not None:
-        rows = min(packed.block_n // PACK_ROW_N, pow2_block(batch, 1, packed.block_n))
-        block_n = max(rows * PACK_ROW_N, 16)  # tl.dot's smallest extent
-        rows = block_n // PACK_ROW_N
-        if tout >= block_n:  # so few rows that a program's columns hold a whole row anyway: no gain
+        row_n = pack_row_n(tout, packed.block_n)
+        rows = min(packed.block_n // row_n, pow2_block(batch, 1, packed.block_n))
+        block_n = max(rows * row_n, 16)  # tl.dot's smallest extent
+        rows = block_n // row_n
+        if rows < 2 or not _pads_less_packed(tout, packed.block_n, row_n):
             packed, rows = None, 0
     t = (packed if pack else None) or tiles or default_tiles(batch, cout, tout, sms, bk)
     block_m = pow2_block(cout, WARPGROUP_ROWS, t.block_m)
-    if rows:
-        row_n = PACK_ROW_N
-    else:
+    if not rows:
         rows, block_n = 1, pow2_block(tout, _MIN_BLOCK_N, t.block_n)
         row_n = block_n
     warps = min(t.warps if t.block_m > WARPGROUP_ROWS else 4, 4 * (block_m // WARPGROUP_ROWS))  # 4 per group

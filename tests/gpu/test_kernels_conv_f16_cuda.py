@@ -192,9 +192,13 @@ def test_compiled_and_captured_conv_matches_eager() -> None:
     assert not torch.equal(out, eager)  # and the replay read the new input
 
 
-# A stateful step's rows: auk-24k at 4 frames a step (768 channels: 20 samples; 384: 80; 96: 1280) and
-# odd lengths, with as many rows as the engine's largest step bucket.
-STEP_LAYERS = [(768, 3, 9, 20), (768, 7, 1, 20), (384, 7, 3, 80), (96, 11, 5, 37), (1536, 7, 1, 4)]
+# A stateful step's rows: auk-24k at 4 frames a step (768 channels: 20 samples, in 4-sample pieces; 384:
+# 80; 192: 240, in 16-sample pieces; 96: 480, in 32) and odd lengths, with as many rows as the engine's
+# largest step bucket.
+STEP_LAYERS = [
+    (768, 3, 9, 20), (768, 7, 1, 20), (384, 7, 3, 80), (192, 7, 3, 240), (96, 11, 5, 480), (96, 11, 5, 37),
+    (1536, 7, 1, 4),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("channels", "ksize", "dilation", "tout"), STEP_LAYERS)

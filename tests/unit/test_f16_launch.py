@@ -47,9 +47,13 @@ def test_the_arithmetic_is_the_layers_whatever_the_launch(
 
 
 @given(layers, launches)
-@example(  # two rows of 16 samples: packing them 8 a row would fill no more of a program than one row does
+@example(  # two rows of 16 samples: both in one program of 32 columns, where one row alone would pad to 32
     {"padded_channels": 32, "cout": 1, "tout": 16, "ksize": 1},
     {"batch": 2, "sms": 78, "tiles": LARGE, "split": None},
+)
+@example(  # rows of 240 in 16-sample pieces, 8 rows a program, instead of two 128-sample tiles each
+    {"padded_channels": 192, "cout": 192, "tout": 240, "ksize": 7},
+    {"batch": 64, "sms": 132, "tiles": None, "split": None},
 )
 def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, object]) -> None:
     p = plan(**layer, **launch)  # type: ignore[arg-type]
@@ -60,7 +64,10 @@ def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, obj
     groups = -(-launch["batch"] // p.rows)  # type: ignore[operator]
     assert programs == groups * (p.chunks if p.split else 1)
     assert p.block_m >= 64 and p.block_n >= 16 and p.warps * 16 <= p.block_m  # a warpgroup per 64 rows
-    assert p.rows == 1 or (row_n == f16_launch.PACK_ROW_N and layer["tout"] < p.block_n)
+    if p.rows > 1:  # packed: pieces of one of the sizes, none smaller padding a row less
+        tout = layer["tout"]
+        assert row_n in f16_launch.PACK_ROW_NS
+        assert all(-(-tout // row_n) * row_n <= -(-tout // n) * n for n in f16_launch.PACK_ROW_NS if n <= row_n)
     assert not p.split or p.chunks > 1
 
 
@@ -78,38 +85,50 @@ def test_packing_is_only_a_choice_of_programs(layer: dict[str, int], launch: dic
 
 def test_a_stateful_steps_short_rows_are_packed_where_the_grid_stays_full() -> None:
     """auk-24k's 768-channel stage in a 512-stream step of 4 frames: 20 samples a row. Packed, a
-    128-sample tile covers 8 samples of 16 rows (24 computed per row) instead of 32 samples of one."""
+    128-sample tile covers 4 samples of 32 rows (20 computed per row) instead of 32 samples of one."""
     step = plan(batch=512, padded_channels=768, cout=768, tout=20, ksize=3, sms=132)
-    assert (step.block_m, step.rows, step.block_n, step.grid) == (128, 16, 128, (3, 6, 32))
+    assert (step.block_m, step.rows, step.block_n, step.grid) == (128, 32, 128, (5, 6, 16))
     assert plan(batch=512, padded_channels=768, cout=768, tout=20, ksize=3, sms=132, pack=False).rows == 1
     assert plan(batch=2, padded_channels=768, cout=768, tout=20, ksize=3, sms=132).rows == 1  # grid too small
     assert plan(batch=16, padded_channels=768, cout=768, tout=3500, ksize=3, sms=132).rows == 1  # long rows
 
 
 @pytest.mark.parametrize("ksize", [3, 7, 11])
-def test_packed_large_tiles_with_a_mostly_empty_last_wave_give_way_to_small_ones(ksize: int) -> None:
-    """The same stage at 256 streams: 288 large packed programs are 2.2 waves of one a multiprocessor, so
-    small tiles (two a multiprocessor, 1,152 programs) run it, without split-K (measured on an H200:
-    0.14 against 0.19 ms for 3 taps, 0.31 against 0.37 for 7, 0.49 against 0.53 for 11). At 512 streams
-    the large tiles' 576 programs fill their waves to 87 % and stay."""
+def test_packed_large_tiles_with_a_mostly_empty_last_wave_give_way_to_small_ones(
+    ksize: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same stage at 256 streams in 8-sample pieces: 288 large packed programs are 2.2 waves of one a
+    multiprocessor, so small tiles (two a multiprocessor, 1,152 programs) run it, without split-K
+    (measured on an H200: 0.14 against 0.19 ms for 3 taps, 0.31 against 0.37 for 7, 0.49 against 0.53
+    for 11). In 4-sample pieces the same rows make 240 large programs, 91 % full, and keep the large tile,
+    as 384 channels at 256 streams do (480 programs)."""
+    step = plan(batch=256, padded_channels=768, cout=768, tout=20, ksize=ksize, sms=132)
+    assert (step.block_m, step.block_n, step.rows, step.split, step.grid) == (128, 128, 32, False, (5, 6, 8))
+    assert plan(batch=256, padded_channels=384, cout=384, tout=80, ksize=ksize, sms=132).block_m == 128
+    monkeypatch.setattr(f16_launch, "PACK_ROW_NS", (8,))
     step = plan(batch=256, padded_channels=768, cout=768, tout=20, ksize=ksize, sms=132)
     assert (step.block_m, step.block_n, step.rows, step.split, step.grid) == (64, 64, 8, False, (3, 12, 32))
     assert plan(batch=512, padded_channels=768, cout=768, tout=20, ksize=ksize, sms=132).block_m == 128
-    # 384 channels at 256 streams: 480 large programs, 91 % full, keep the large tile
-    assert plan(batch=256, padded_channels=384, cout=384, tout=80, ksize=ksize, sms=132).block_m == 128
 
 
-def test_auk_first_stage_runs_its_chunks_as_programs_when_that_fills_the_waves() -> None:
+def test_auk_first_stage_runs_its_chunks_as_programs_when_that_fills_the_waves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """768 channels, 11 taps (3 chunks), 350 samples. Batch 1 fills 72 of 132 SMs with small tiles, so
-    its chunks run as separate programs. Batch 16 fills the GPU with large tiles, but 288 of them are 2.2
-    waves; as 864 chunk programs they are 6.5 (measured: 0.44 against 0.52 ms a layer on an H200)."""
+    its chunks run as separate programs. At batch 16, 128-sample tiles would pad each row to 384: its rows
+    go in 32-sample pieces (352), 4 rows a program, and 264 large programs fill two waves exactly, so each
+    runs its chunks itself. One row a program, the 288 large tiles were 2.2 waves, and as 864 chunk
+    programs 6.5 (measured: 0.44 against 0.52 ms a layer on an H200)."""
     one = plan(batch=1, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
     assert (one.block_m, one.block_n, one.block_k) == (64, 64, 64)
     assert (one.chunk_steps, one.chunks) == (44, 3)
     assert one.split and one.grid == (6, 12, 3)
     sixteen = plan(batch=16, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
-    assert (sixteen.block_m, sixteen.block_n, sixteen.warps) == (128, 128, 8)
-    assert sixteen.split and sixteen.grid == (3, 6, 48)
+    assert (sixteen.block_m, sixteen.block_n, sixteen.warps, sixteen.rows) == (128, 128, 8, 4)
+    assert not sixteen.split and sixteen.grid == (11, 6, 4)
+    monkeypatch.setattr(f16_launch, "PACK_LONG_ROWS", False)
+    sixteen = plan(batch=16, padded_channels=768, cout=768, tout=350, ksize=11, sms=132)
+    assert sixteen.rows == 1 and sixteen.split and sixteen.grid == (3, 6, 48)
     second = plan(batch=16, padded_channels=384, cout=384, tout=1400, ksize=11, sms=132)
     assert (second.block_m, second.block_n) == (128, 128) and not second.split  # 528 tiles: 4.0 waves
 

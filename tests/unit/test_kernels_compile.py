@@ -30,7 +30,7 @@ def _first(ptx: str, *needles: str) -> int:
 @pytest.mark.parametrize(
     ("rows", "block_n", "products", "split", "residual", "dependent"),
     [(1, 128, 3, False, True, False), (16, 128, 3, True, False, True), (1, 64, 1, False, False, False),
-     (8, 64, 1, True, True, True)],
+     (8, 64, 1, True, True, True), (32, 128, 3, False, True, True), (8, 128, 3, False, False, False)],
 )  # fmt: skip
 def test_float16_conv_kernel_compiles_for_sm90(
     rows: int,
@@ -71,6 +71,9 @@ def test_float16_conv_kernel_compiles_for_sm90(
 
     ptx = compiled.asm["ptx"]
     assert "wgmma" in ptx  # the Hopper tensor-core path, not a fallback
+    if rows > 1:  # a packed box of any piece size reaches the tensor cores as a view of shared memory
+        ttgir = compiled.asm["ttgir"]
+        assert "ttg.memdesc_reshape" in ttgir and "ttg.local_load" not in ttgir
     if dependent:  # waits for the kernel before it ahead of any read, then lets the next one be placed
         wait = ptx.find("griddepcontrol.wait")
         assert 0 <= wait < _first(ptx, "ld.global", "cp.async.bulk.tensor") < len(ptx)

@@ -380,6 +380,55 @@ def test_split_k_adds_the_same_numbers_in_the_same_order(monkeypatch: pytest.Mon
     )
 
 
+@needs_interpreter
+@settings(max_examples=12, deadline=None)
+@given(
+    st.sampled_from(f16_launch.PACK_ROW_NS),
+    st.integers(1, 70),
+    st.sampled_from([f16_launch.SMALL, f16_launch.LARGE]),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+@example(4, 20, f16_launch.LARGE, False, 1)  # a 4-frame step's rows of 20 at 768 channels: 32 rows a program
+@example(16, 240, f16_launch.LARGE, True, 2)  # rows of 240 in 16-sample pieces, split-K on
+def test_packed_pieces_of_every_size_address_every_row(
+    row_n: int, tout: int, tile: f16_launch.Tiles, split: bool, seed: int
+) -> None:
+    """Rows packed in pieces of any size the planner takes (3-D input boxes of ``row_n`` samples a row,
+    as many rows as fill the tile, the last program holding rows past the batch) give every row its own
+    convolution to 22 bits, as one row a program does. The interpreter's matrix products round by their
+    own blocking, so the bits of packed against one-row programs are the GPU's test
+    (``tests/gpu/test_kernels_conv_f16_cuda.py``)."""
+    from streamdec.kernels import _triton_conv_f16 as tc
+
+    rows = tile.block_n // row_n
+    p = {
+        "batch": rows + 1,
+        "cin": 40,
+        "cout": 24,
+        "ksize": 3,
+        "dilation": 2,
+        "tout": tout,
+        "bias": 1,
+        "seed": seed,
+    }
+    x, w, bias = conv_case(p)
+    x = x * torch.logspace(-3, 3, rows + 1)[:, None, None]  # rows of very different peaks
+    packed, inverse = pack_split_weight_f16(w)
+    hi, lo, x_inv = split_input_f16(x)
+    args = (hi, lo, x_inv, packed[0], packed[1], inverse, bias, 2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(f16_launch, "PACK_ROW_NS", (row_n,))
+        patch.setattr(f16_launch, "CHUNK_STEPS", 2)  # chunks, so that split=True runs the chunk-sum kernel
+        launch = f16_launch.plan(
+            batch=rows + 1, padded_channels=hi.shape[2], cout=24, tout=tout, ksize=3, sms=1, tiles=tile
+        )
+        ours = tc.conv1d_f16x3(*args, tiles=tile, split=split, channels_n=False)
+    assert launch.rows in (1, rows)
+    for b in range(rows + 1):
+        assert relative_error(ours[b : b + 1], x[b : b + 1], w, bias, 2) <= 2e-6
+
+
 def _row_case(samples: int) -> dict[str, object]:
     return {
         "batch": 2,
