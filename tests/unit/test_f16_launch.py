@@ -67,7 +67,9 @@ def test_the_grid_covers_the_output(layer: dict[str, int], launch: dict[str, obj
     if p.rows > 1:  # packed: pieces of one of the sizes, none smaller padding a row less
         tout = layer["tout"]
         assert row_n in f16_launch.PACK_ROW_NS
-        assert all(-(-tout // row_n) * row_n <= -(-tout // n) * n for n in f16_launch.PACK_ROW_NS if n <= row_n)
+        assert all(
+            -(-tout // row_n) * row_n <= -(-tout // n) * n for n in f16_launch.PACK_ROW_NS if n <= row_n
+        )
     assert not p.split or p.chunks > 1
 
 
