@@ -30,8 +30,9 @@ from typing import NamedTuple
 from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
 
 __all__ = [
-    "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_LONG_ROWS", "PACK_LONG_WASTE", "PACK_ROW_NS", "SMALL", "ChannelsLaunch", "Launch", "Tiles",
-    "block_k", "channels_as_n", "chunking", "default_tiles", "pack_row_n", "packed_tiles", "plan", "plan_channels",
+    "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_LONG_ROWS", "PACK_LONG_WASTE", "PACK_ROW_NS", "SMALL",
+    "ChannelsLaunch", "Launch", "Tiles", "block_k", "channels_as_n", "chunking", "default_tiles",
+    "pack_row_n", "packed_tiles", "plan", "plan_channels",
 ]  # fmt: skip
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
