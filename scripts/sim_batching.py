@@ -47,12 +47,16 @@ def _count_calls(
     original = SimulatedTier.call
 
     def call(
-        self: SimulatedTier, kind: str, slots: torch.Tensor, latents: torch.Tensor, batch: int | None = None
+        self: SimulatedTier,
+        kind: str,
+        slots: torch.Tensor,
+        latents: torch.Tensor,
+        seconds: float | None = None,
     ) -> torch.Tensor:
         key = (kind, int(latents.shape[1]))
         calls[key] += 1
         rows[key] += int(latents.shape[0])
-        return original(self, kind, slots, latents, batch)
+        return original(self, kind, slots, latents, seconds)
 
     SimulatedTier.call = call  # type: ignore[method-assign,assignment]
 

@@ -758,10 +758,9 @@ class DecodeEngine(Engine):
             return
         due = min(p.request.deadline for p in live)
         # a simulated device's time is its model's (what it slept); a GPU's comes from the call's events
-        modelled = bucket_seconds(self.simulated.cost, key, len(live)) if self.simulated is not None else None
         item.extra["call"] = DeviceCall(
-            key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched, modelled,
-            self._replay_s(key),
+            key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched,
+            item.extra.get("modelled_s"), self._replay_s(key),
         )  # fmt: skip
         with self._lock:
             s = self._stats
@@ -886,13 +885,16 @@ class DecodeEngine(Engine):
         assert tier is not None
         began = time.perf_counter()
         x = torch.stack([p.request.latents for p in live])  # [rows, frames, D]
+        modelled = bucket_seconds(tier.cost, key, len(live))  # the live rows of this bucket
         if key.kind == "window":
-            out = tier.windows(x, lo // self.hop, hi // self.hop, batch=key.batch)
+            out = tier.windows(x, lo // self.hop, hi // self.hop, seconds=modelled)
         else:
             # the slots in numpy, which the stand-in reads: no tensor made only to be read back
             slots = np.array([p.request.slot for p in live], dtype=np.int64)  # type: ignore[union-attr]
-            out = tier.call(key.kind, slots, x, batch=key.batch)
-        return self._host_inflight(out, waiters, began)
+            out = tier.call(key.kind, slots, x, seconds=modelled)
+        item = self._host_inflight(out, waiters, began)
+        item.extra["modelled_s"] = modelled
+        return item
 
     def _host_inflight(self, out: torch.Tensor, waiters: list[Waiter], began: float) -> Inflight:
         """A call the host finished already (no events): its output (fresh memory of its own, handed out

@@ -203,14 +203,14 @@ class SimulatedTier:
         self.tails = np.zeros((self.slots + 1, self.right_frames), np.float32)  # [slots + 1, right_frames]
 
     def windows(
-        self, latents: torch.Tensor | np.ndarray, lo: int, hi: int, batch: int | None = None
+        self, latents: torch.Tensor | np.ndarray, lo: int, hi: int, seconds: float | None = None
     ) -> torch.Tensor:
         """``[rows, channels, (hi - lo) * hop]`` for frames ``lo:hi`` of windows ``[rows, frames, D]`` (or
-        their first latents alone, ``[rows, frames]``), the live rows of a ``batch``-row bucket (default:
-        as many rows as given)."""
+        their first latents alone, ``[rows, frames]``), after ``seconds`` (the call's modelled time, as
+        :func:`bucket_seconds` gives it; default: a bucket of as many rows as given)."""
         first = _first_of_frames(latents)
         rows, frames = int(first.shape[0]), int(first.shape[1])
-        self._wait(BucketKey(batch or rows, frames, "window"), rows)
+        self._wait(seconds, BucketKey(rows, frames, "window"))
         return stand_in_frames(first[:, lo:hi], self._wave, self.channels)
 
     def call(
@@ -218,18 +218,18 @@ class SimulatedTier:
         kind: str,
         slots: torch.Tensor | np.ndarray,
         latents: torch.Tensor | np.ndarray,
-        batch: int | None = None,
+        seconds: float | None = None,
     ) -> torch.Tensor:
         """A batched stateful ``kind`` call of rows ``slots`` ``[rows]`` on ``latents`` ``[rows, n, D]`` (or
-        their first latents alone, ``[rows, n]``): the live rows of a ``batch``-row bucket (default: as
-        many rows as given).
+        their first latents alone, ``[rows, n]``), after ``seconds`` (the call's modelled time, as
+        :func:`bucket_seconds` gives it; default: a bucket of as many rows as given).
 
         Returns ``[rows, channels, emitted * hop]``: ``n - right_frames`` frames for a prime, ``n`` for a
         step, ``n + right_frames`` for a flush (see :class:`~streamdec.engine.base.StepRequest`).
         """
         new = _first_of_frames(latents)  # [rows, n]; numpy, as stand_in_frames says why
         n = int(new.shape[1])
-        self._wait(BucketKey(batch or int(new.shape[0]), n, kind), int(new.shape[0]))
+        self._wait(seconds, BucketKey(int(new.shape[0]), n, kind))
         r = self.right_frames
         rows = slots.numpy() if isinstance(slots, torch.Tensor) else slots
         seq = new if kind == "prime" else np.concatenate([self.tails[rows], new], axis=1)
@@ -238,11 +238,10 @@ class SimulatedTier:
             self.tails[rows] = seq[:, seq.shape[1] - r :]
         return stand_in_frames(seq[:, :emitted], self._wave, self.channels)
 
-    def _wait(self, key: BucketKey, live: int) -> None:
-        if not (self.cost.fixed_ms or self.cost.per_frame_ms) and self.cost.replays is None:
-            return  # cost 0,0 (the host path alone): nothing to wait
-        delay = bucket_seconds(self.cost, key, live)
-        if delay > 0:
+    def _wait(self, seconds: float | None, key: BucketKey) -> None:
+        """Sleep ``seconds``, or where not given the cost of a call of ``key`` with every row live."""
+        delay = seconds if seconds is not None else bucket_seconds(self.cost, key, key.batch)
+        if delay > 0:  # cost 0,0 (the host path alone): nothing to wait
             self.sleep(delay)
 
 
