@@ -148,14 +148,13 @@ def pack_row_n(tout: int, block_n: int) -> int:
     return min(sizes, key=lambda n: (_cdiv(tout, n) * n, -n))
 
 
-def _pads_less_packed(tout: int, block_n: int, row_n: int | None = None) -> bool:
-    """Whether pieces of ``row_n`` samples (default :func:`pack_row_n`) pad rows of ``tout`` less than
-    one-row programs of tiles up to ``block_n`` samples do, by enough to pack (:data:`PACK_LONG_ROWS`)."""
+def _pads_less_packed(tout: int, block_n: int, row_n: int) -> bool:
+    """Whether pieces of ``row_n`` samples pad rows of ``tout`` less than one-row programs of tiles up to
+    ``block_n`` samples do, by enough to pack (:data:`PACK_LONG_ROWS`)."""
     alone = pow2_block(tout, _MIN_BLOCK_N, block_n)
     padded = _cdiv(tout, alone) * alone
     if tout >= block_n and not (PACK_LONG_ROWS and (padded - tout) * PACK_LONG_WASTE > tout):
         return False
-    row_n = row_n or pack_row_n(tout, block_n)
     return _cdiv(tout, row_n) * row_n < padded
 
 
@@ -165,9 +164,9 @@ def packed_tiles(batch: int, cout: int, tout: int, sms: int, bk: int = 64) -> Ti
     if batch < 2:
         return None
     for tile in (default_tiles(batch, cout, tout, sms, bk), SMALL):
-        if not _pads_less_packed(tout, tile.block_n):
-            continue
         row_n = pack_row_n(tout, tile.block_n)
+        if not _pads_less_packed(tout, tile.block_n, row_n):
+            continue
         rows = min(tile.block_n // row_n, pow2_block(batch, 1, tile.block_n))
         programs = _cdiv(batch, rows) * _cdiv(tout, row_n) * _cdiv(cout, tile.block_m)
         if programs < sms:
@@ -195,17 +194,14 @@ def plan(
     ``pack`` allows packing short rows (with ``tiles`` given, only into that tile)."""
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
-    packed = (
-        (tiles if batch > 1 and _pads_less_packed(tout, tiles.block_n) else None)
-        if tiles
-        else packed_tiles(batch, cout, tout, sms, bk)
-    )
+    packed = (tiles if batch > 1 else None) if tiles else packed_tiles(batch, cout, tout, sms, bk)
     rows = 0
     if pack and packed is not None:
         row_n = pack_row_n(tout, packed.block_n)
         rows = min(packed.block_n // row_n, pow2_block(batch, 1, packed.block_n))
         block_n = max(rows * row_n, 16)  # tl.dot's smallest extent
         rows = block_n // row_n
+        # a given tile packs only where that pads less (packed_tiles has checked its own choice)
         if rows < 2 or not _pads_less_packed(tout, packed.block_n, row_n):
             packed, rows = None, 0
     t = (packed if pack else None) or tiles or default_tiles(batch, cout, tout, sms, bk)
