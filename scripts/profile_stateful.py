@@ -46,8 +46,9 @@ def _joined_identity(call: str, identity: Any, x: torch.Tensor, states: Any) -> 
 
 @contextlib.contextmanager
 def _way(name: str) -> Iterator[None]:
-    """Within it, ``fused-joined`` steps concatenate each residual's delayed identity before the add, and
-    ``split-64`` steps split their inputs in 64-sample tiles."""
+    """Within it, ``fused-joined`` steps concatenate each residual's delayed identity before the add,
+    ``split-64`` steps split their inputs in 64-sample tiles, and ``pack-8`` convolutions pack only rows
+    shorter than a tile, in 8-sample pieces."""
     original, tiles = stateful._identity_parts, sizing.SPLIT_BLOCKS_T
     pieces, long_rows = f16_launch.PACK_ROW_NS, f16_launch.PACK_LONG_ROWS
     if name == "fused-joined":
@@ -103,7 +104,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ways", nargs="+", choices=list(_WAYS), default=list(_WAYS))
     ap.add_argument("--whole-frames", type=int, default=64, help="frames a row of the whole clip")
-    ap.add_argument("--whole-rows", type=int, help="rows of the whole clip (default: a step's frames)")
+    ap.add_argument(
+        "--whole-rows", type=int, help="rows of the whole clip (default: the first bucket's frames)"
+    )
     args = ap.parse_args()
     buckets = [(args.batch, args.frames), *(parse_bucket(b) for b in args.buckets)]
     codec = load_codec(args.codec, device="cuda", dtype=torch.float32)
