@@ -959,20 +959,12 @@ class DecodeEngine(Engine):
 
     def step_replay_ms(self) -> dict[str, float | None]:
         """Measured replay time of every stateful graph, keyed ``"kind BATCHxFRAMES"``."""
-        return {
-            f"{k.kind} {k.batch}x{k.frames}": g.replay_ms
-            for k, g in self.tiers.buckets.items()
-            if k.kind != "window"
-        }
+        return {k.label: g.replay_ms for k, g in self.tiers.buckets.items() if k.kind != "window"}
 
     def step_empty_ms(self) -> dict[str, float | None]:
         """Replay time of every stateful graph with no real row (its kernels skip padding rows): what a
         bucket costs by itself, keyed as :meth:`step_replay_ms`."""
-        return {
-            f"{k.kind} {k.batch}x{k.frames}": g.empty_ms
-            for k, g in self.tiers.buckets.items()
-            if k.kind != "window"
-        }
+        return {k.label: g.empty_ms for k, g in self.tiers.buckets.items() if k.kind != "window"}
 
     def state_memory_bytes(self) -> int:
         """Device memory of the stateful slot pool (0 without ``max_streams``)."""

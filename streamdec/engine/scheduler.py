@@ -55,6 +55,18 @@ class BucketKey(NamedTuple):
     frames: int
     kind: str = "window"  # "window" (halo) or a stateful "prime", "step" or "flush"
 
+    @property
+    def label(self) -> str:
+        """``"kind BATCHxFRAMES"``: how warm-up reports and result files name the bucket."""
+        return f"{self.kind} {self.batch}x{self.frames}"
+
+    @classmethod
+    def from_label(cls, label: str) -> BucketKey:
+        """The bucket a :attr:`label` names (``ValueError`` for anything else)."""
+        kind, shape = label.split()
+        batch, frames = shape.split("x")
+        return cls(int(batch), int(frames), kind)
+
 
 CostFn = Callable[[BucketKey], float]  # relative replay time of one bucket
 

@@ -77,19 +77,16 @@ class ReplayTable:
         """From the ``replay_ms`` and ``empty_replay_ms`` a stateful warm-up reports (``scripts/
         bench_stateful.py`` keeps them in its result), keyed ``"step 64x16"``."""
         try:
-            full = {_bucket(name): float(ms) for name, ms in warmup["replay_ms"].items()}
-            empty = {_bucket(name): float(ms) for name, ms in (warmup.get("empty_replay_ms") or {}).items()}
+            full = {BucketKey.from_label(name): float(ms) for name, ms in warmup["replay_ms"].items()}
+            empty = {
+                BucketKey.from_label(name): float(ms)
+                for name, ms in (warmup.get("empty_replay_ms") or {}).items()
+            }
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a stateful warm-up's replay times ({exc!r}): need 'replay_ms'") from exc
         if not full:
             raise ConfigError("a replay table needs at least one measured bucket")
         return cls(full, empty)
-
-
-def _bucket(name: str) -> BucketKey:
-    kind, shape = name.split()
-    batch, frames = shape.split("x")
-    return BucketKey(int(batch), int(frames), kind)
 
 
 @dataclass(frozen=True)
