@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from streamdec.kernels.sizing import WARPGROUP_ROWS, pow2_block
+from streamdec.kernels.sizing import DOT_MIN_EXTENT, WARPGROUP_ROWS, pow2_block
 
 __all__ = [
     "CHANNELS_N_MAX", "CHUNK_STEPS", "LARGE", "PACK_LONG_ROWS", "PACK_LONG_WASTE", "PACK_ROW_NS", "SMALL",
@@ -158,16 +158,25 @@ def _pads_less_packed(tout: int, block_n: int, row_n: int) -> bool:
     return _cdiv(tout, row_n) * row_n < padded
 
 
+def _pieces(tile: Tiles, batch: int, tout: int) -> tuple[int, int] | None:
+    """``(row_n, rows)``: the samples of each row and the rows a packed program of ``tile`` covers, for
+    ``batch`` rows of ``tout``; None where pieces would pad the rows no less than one-row programs."""
+    row_n = pack_row_n(tout, tile.block_n)
+    if not _pads_less_packed(tout, tile.block_n, row_n):
+        return None
+    return row_n, min(tile.block_n // row_n, pow2_block(batch, 1, tile.block_n))
+
+
 def packed_tiles(batch: int, cout: int, tout: int, sms: int, bk: int = 64) -> Tiles | None:
     """The tile for packing rows (module docstring), or None where packing does not pay: rows it would
     pad no less, a single row, or a grid too small to give every multiprocessor a program."""
     if batch < 2:
         return None
     for tile in (default_tiles(batch, cout, tout, sms, bk), SMALL):
-        row_n = pack_row_n(tout, tile.block_n)
-        if not _pads_less_packed(tout, tile.block_n, row_n):
+        pieces = _pieces(tile, batch, tout)
+        if pieces is None:
             continue
-        rows = min(tile.block_n // row_n, pow2_block(batch, 1, tile.block_n))
+        row_n, rows = pieces
         programs = _cdiv(batch, rows) * _cdiv(tout, row_n) * _cdiv(cout, tile.block_m)
         if programs < sms:
             continue
@@ -195,16 +204,16 @@ def plan(
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
     packed = (tiles if batch > 1 else None) if tiles else packed_tiles(batch, cout, tout, sms, bk)
+    # a given tile packs only where that pads less, as packed_tiles's own choice does
+    pieces = _pieces(packed, batch, tout) if pack and packed is not None else None
     rows = 0
-    if pack and packed is not None:
-        row_n = pack_row_n(tout, packed.block_n)
-        rows = min(packed.block_n // row_n, pow2_block(batch, 1, packed.block_n))
-        block_n = max(rows * row_n, 16)  # tl.dot's smallest extent
+    if pieces is not None:
+        row_n = pieces[0]
+        block_n = max(pieces[1] * row_n, DOT_MIN_EXTENT)
         rows = block_n // row_n
-        # a given tile packs only where that pads less (packed_tiles has checked its own choice)
-        if rows < 2 or not _pads_less_packed(tout, packed.block_n, row_n):
-            packed, rows = None, 0
-    t = (packed if pack else None) or tiles or default_tiles(batch, cout, tout, sms, bk)
+    if rows < 2:
+        packed, rows = None, 0
+    t = packed or tiles or default_tiles(batch, cout, tout, sms, bk)
     block_m = pow2_block(cout, WARPGROUP_ROWS, t.block_m)
     if not rows:
         rows, block_n = 1, pow2_block(tout, _MIN_BLOCK_N, t.block_n)
