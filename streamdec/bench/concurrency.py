@@ -336,7 +336,7 @@ async def _run_point(
         usage["device_calls_at"] = {
             "fields": [
                 "decided_ms", "due_ms", "launched_ms", "finished_ms", "device_ms", "estimate_ms", "kind",
-                "frames", "batch", "live", "queued",
+                "frames", "batch", "live", "queued", "lane",
             ],
             "calls": [
                 [
@@ -344,7 +344,7 @@ async def _run_point(
                     round((c.launched - shift) * 1e3, 2), round((c.finished - shift) * 1e3, 2),
                     None if c.device_s is None else round(c.device_s * 1e3, 3),
                     None if c.estimate_s is None else round(c.estimate_s * 1e3, 3),
-                    c.kind, c.frames, c.batch, c.live, c.queued,
+                    c.kind, c.frames, c.batch, c.live, c.queued, c.lane,
                 ]
                 for c in engine.recent_calls()
                 if c.launched >= monotonic_at_began

@@ -109,7 +109,7 @@ class EngineStats:
     windows: int = 0  # windows and stateful calls decoded
     decodes: int = 0  # device calls (one call may hold many windows)
     frames: int = 0  # latent frames decoded (a halo window's halo included; a stateful frame once)
-    decode_seconds: float = 0.0  # wall time spent in device calls
+    decode_seconds: float = 0.0  # time the device spent in calls (two lanes' overlap counted once)
     cancelled: int = 0  # windows withdrawn before they were decoded
     queued: int = 0  # windows waiting right now
     by_tier: dict[str, int] = field(default_factory=dict)  # device calls per tier (eager, graph, compiled)
@@ -132,6 +132,7 @@ class DeviceCall(NamedTuple):
     finished: float  # when its results had been handed over
     device_s: float | None  # device time between its events (simulated: the model's; None on the CPU)
     estimate_s: float | None  # the replay time the scheduler planned with
+    lane: int = 0  # 0: the main lane; 1: primes and flushes in a lane of their own (engine.lanes)
 
 
 class Engine(abc.ABC):
@@ -139,6 +140,11 @@ class Engine(abc.ABC):
 
     #: name of the codec device, "cpu" or "cuda:N"
     device: torch.device
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of device work that may run at once (1 unless the engine keeps more)."""
+        return 1
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -24,6 +24,11 @@ threads traded the GIL. Withdrawals go through a second deque the device thread 
 At most ``max_inflight`` replays are queued on the stream at once: while the GPU works, windows pile up in
 the scheduler and the next replay takes them together, which is where cross-stream batching comes from.
 
+Lanes (:mod:`.lanes`): on a GPU with stateful slots, a stream's primes and flushes have a scheduler,
+a CUDA stream (of higher priority) and a completer of their own, so they replay beside a step instead of
+behind it. A call waits on the device for the other lane's last call on any of its slots, and the
+device's busy time counts the two lanes' overlap once.
+
 Lifetimes: a graph's static input/output are overwritten by its next replay, but every replay on the
 engine stream is ordered after the previous one's D2H copy, and users only ever see clones of the pinned
 copy. Pinned staging buffers come from PyTorch's caching host allocator, which holds a block until the
@@ -45,6 +50,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -70,6 +76,7 @@ from .base import (
 )
 from .completion import Completer, HostCompleter, Inflight, Mailbox, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
+from .lanes import EDGE, MAIN, BusyUnion, SlotFences, lane_of
 from .output import DecodedAudio
 from .scheduler import BucketKey, CostFn, Scheduler, Ticket, linear_cost
 from .simulated import SimulatedCost, SimulatedTier, bucket_seconds
@@ -144,6 +151,7 @@ class _Pending:
         "frames",
         "future",
         "kind",
+        "lane",
         "mailbox",
         "on_done",
         "request",
@@ -157,10 +165,11 @@ class _Pending:
         mailbox: Mailbox,
         frames: int,
         kind: str,
+        lane: int,
         withdrawn: collections.deque[_Pending],
     ) -> None:
         self.request, self.on_done, self.mailbox = request, on_done, mailbox
-        self.frames, self.kind = frames, kind
+        self.frames, self.kind, self.lane = frames, kind, lane
         # set by the device thread when it queues it, cleared when it leaves the queue: the ticket holds
         # this request, so while both point at each other only the cycle collector could free them
         self.ticket: Ticket[_Pending] | None = None
@@ -180,6 +189,19 @@ class _Pending:
         if not self.cancelled:
             self.cancelled = True
             self._withdrawn.append(self)
+
+
+class _Lane:
+    """One ordered lane of device work (:mod:`.lanes`): its queue, its CUDA stream and completer, and
+    its calls in flight. The engine's lock guards ``inflight`` and ``free_at``."""
+
+    def __init__(self, index: int, scheduler: Scheduler[_Pending]) -> None:
+        self.index = index
+        self.scheduler = scheduler
+        self.stream: torch.cuda.Stream | None = None
+        self.completer: Completer | None = None
+        self.inflight = 0
+        self.free_at = -math.inf  # when the replays launched on it so far should have finished
 
 
 class DecodeEngine(Engine):
@@ -205,6 +227,9 @@ class DecodeEngine(Engine):
       host's per-call work (staging, hand-offs between the device thread and the loop), which a device
       that answers fast would otherwise multiply. An idle engine launches the first request at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
+    * ``edge_lane`` - primes and flushes in a lane of their own (:mod:`.lanes`): on a GPU they replay on
+      a second CUDA stream, at higher priority, beside the steps; on a host device they only queue apart.
+      Default: on where the device is a GPU and the engine keeps slots. Needs ``max_streams``.
     * ``step_frame_budget`` - the most rows x frames one stateful replay holds (default 1024: 256 streams
       of 4 frames), which bounds graph memory.
 
@@ -239,6 +264,7 @@ class DecodeEngine(Engine):
         hold_lead: float | None = DEFAULT_HOLD_LEAD_S,
         launch_interval: float = DEFAULT_LAUNCH_INTERVAL_S,
         edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
+        edge_lane: bool | None = None,
         step_frame_budget: int = DEFAULT_STEP_FRAME_BUDGET,
         batch_buckets: Iterable[int] | None = None,
         graphs: bool = True,
@@ -319,16 +345,32 @@ class DecodeEngine(Engine):
         self.poll_interval = poll_interval
         self._default_cost = cost if cost is not None else linear_cost()
         self._measured: dict[BucketKey, float] = {}
-        self._device_free_at = -math.inf  # when the replays launched so far should have finished
         self._busy = BusyMeter(BUSY_AVERAGE_S)
         kind_limits = dict.fromkeys(("prime", "flush"), edge_batch_limit)
         if batch_buckets is None:
             batch_buckets = default_batch_buckets(max_streams)
             kind_limits["window"] = DEFAULT_WINDOW_BATCH_LIMIT
-        self._scheduler: Scheduler[_Pending] = Scheduler(
-            batch_buckets, cost=self._cost, kind_limits=kind_limits, frame_budget=step_frame_budget
-        )
+        if edge_lane and not max_streams:
+            raise ConfigError(
+                "edge_lane needs stateful slots (max_streams > 0): primes and flushes are theirs"
+            )
+        if edge_lane is None:
+            edge_lane = self.device.type == "cuda" and max_streams > 0
+        self._lanes = [
+            _Lane(
+                index,
+                Scheduler(
+                    batch_buckets, cost=self._cost, kind_limits=kind_limits, frame_budget=step_frame_budget
+                ),
+            )
+            for index in range(2 if edge_lane else 1)
+        ]
+        self._scheduler = self._lanes[MAIN].scheduler  # the buckets and plans every lane shares
         self.batch_buckets = self._scheduler.batch_buckets
+        # which lane last wrote each slot's state, and when that call ends (device thread only)
+        self._fences: SlotFences[torch.cuda.Event] = SlotFences(max_streams)
+        self._busy_union = BusyUnion(len(self._lanes))
+        self._epoch: torch.cuda.Event | None = None  # the clock both lanes' call times are read on
         self._pad_cpu = pad.to("cpu", torch.float32)
         self._stats = EngineStats()
         # the latest device calls, for benchmarks' timelines (a few per replay period: minutes of them)
@@ -348,11 +390,8 @@ class DecodeEngine(Engine):
         # event loops with a wake-up of the device thread scheduled (see _wake_soon)
         self._wakes_scheduled: set[asyncio.AbstractEventLoop] = set()
         self._mailboxes: dict[asyncio.AbstractEventLoop, Mailbox] = {}
-        self._inflight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._completer: Completer | None = None
-        self._stream: torch.cuda.Stream | None = None
         self._tiers: GraphTiers | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -363,18 +402,24 @@ class DecodeEngine(Engine):
         if self._thread is not None:
             return
         if self.device.type == "cuda":
-            self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+            for lane in self._lanes:
+                # the edge lane at a higher priority: its blocks go first as the step's retire
+                lane.stream = torch.cuda.Stream(device=self.device, priority=-1 if lane.index == EDGE else 0)  # type: ignore[no-untyped-call]
+            self._epoch = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self._epoch.record(self._lanes[MAIN].stream)
         self._saved_threads = torch.get_num_threads()
         torch.set_num_threads(min(self._saved_threads, self.cpu_threads))
         if self.simulated is None:
             self._start_tiers()
         loop = asyncio.get_running_loop()
-        if self.completion == "poll":
-            self._completer = PollCompleter(loop, self.poll_interval)
-        elif self.device.type == "cuda":
-            self._completer = ThreadCompleter()
-        else:  # a call on the host is complete when it returns: no thread to wait on it
-            self._completer = HostCompleter()
+        host = HostCompleter()  # a call on the host is complete when it returns: no thread to wait on it
+        for lane in self._lanes:
+            if self.completion == "poll":
+                lane.completer = PollCompleter(loop, self.poll_interval)
+            elif self.device.type == "cuda":
+                lane.completer = ThreadCompleter()  # one a lane: each completes its calls in launch order
+            else:
+                lane.completer = host
         self._thread = threading.Thread(target=self._run, name="streamdec-cuda", daemon=True)
         self._thread.start()
 
@@ -384,13 +429,15 @@ class DecodeEngine(Engine):
             latent_dim=self.latent_dim,
             dtype=self.dtype,
             device=self.device,
-            stream=self._stream,
+            stream=self._lanes[MAIN].stream,
             pad_latent=self.codec.pad_latent,
             options=self.options,
             shapes=lambda: f"{self.codec!r} precision={self.codec.precision}",
         )
         if self.net is not None:
-            self._tiers.state = StatePool(self.net, self.max_streams, device=self.device, dtype=self.dtype)
+            self._tiers.state = StatePool(
+                self.net, self.max_streams, device=self.device, dtype=self.dtype, lanes=len(self._lanes)
+            )
 
     async def warmup(self, window_sizes: tuple[int, ...]) -> WarmupReport:
         """Compile/capture one graph per (batch bucket, window size); time each replay for the scheduler."""
@@ -445,12 +492,19 @@ class DecodeEngine(Engine):
             await asyncio.to_thread(self._thread.join)
             with self._lock:  # what another loop submitted while the device thread was stopping
                 _fail_closed(self._take_leftovers())
-        if self._completer is not None:
-            await asyncio.to_thread(self._completer.close)
-            if isinstance(self._completer, PollCompleter):
-                await self._completer.wait_closed()
+        for completer in {id(lane.completer): lane.completer for lane in self._lanes}.values():
+            if completer is None:
+                continue
+            await asyncio.to_thread(completer.close)
+            if isinstance(completer, PollCompleter):
+                await completer.wait_closed()
         if self._saved_threads is not None:
             torch.set_num_threads(self._saved_threads)
+
+    @property
+    def lanes(self) -> int:
+        """Lanes of device work: 2 where primes and flushes have one of their own (``edge_lane``), else 1."""
+        return len(self._lanes)
 
     @property
     def stats(self) -> EngineStats:
@@ -513,7 +567,9 @@ class DecodeEngine(Engine):
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
             mailbox = self._mailboxes[loop] = Mailbox(loop)
-        pending = _Pending(request, on_done, mailbox, frames, kind, self._withdrawn)
+        pending = _Pending(
+            request, on_done, mailbox, frames, kind, lane_of(kind, len(self._lanes)), self._withdrawn
+        )
         self._arrivals.append(pending)
         self._wake_soon(loop)
         return pending
@@ -563,26 +619,29 @@ class DecodeEngine(Engine):
     def _take_arrivals(self) -> None:
         """Move submitted requests into the Scheduler and withdrawn ones out of it (device thread, under
         the lock)."""
-        arrivals, scheduler, stats = self._arrivals, self._scheduler, self._stats
+        arrivals, lanes, stats = self._arrivals, self._lanes, self._stats
         while arrivals:
             p = arrivals.popleft()
             if p.withdrawn():  # withdrawn before it was queued: never decoded
                 stats.cancelled += 1
                 continue
-            p.ticket = scheduler.push(p, p.frames, p.request.deadline, p.kind)
+            p.ticket = lanes[p.lane].scheduler.push(p, p.frames, p.request.deadline, p.kind)
         withdrawn = self._withdrawn
         while withdrawn:
             p = withdrawn.popleft()
             ticket, p.ticket = p.ticket, None
-            if ticket is not None and scheduler.cancel(ticket):  # still queued: its slot is free now
+            if ticket is not None and lanes[p.lane].scheduler.cancel(ticket):  # queued: its slot is free now
                 stats.cancelled += 1
-        stats.queued = scheduler.pending
+        stats.queued = self._queued()
+
+    def _queued(self) -> int:
+        return sum(lane.scheduler.pending for lane in self._lanes)
 
     def _take_leftovers(self) -> list[_Pending]:
         """Every request not yet launched (under the lock, at close)."""
         self._take_arrivals()
         self._stats.queued = 0
-        return [p for p in self._scheduler.drain() if not p.withdrawn()]
+        return [p for lane in self._lanes for p in lane.scheduler.drain() if not p.withdrawn()]
 
     def _sleep(self, timeout: float | None) -> None:
         """Wait for a ring (see :meth:`_rouse`) or ``timeout``, the lock (held) released meanwhile, unless
@@ -669,39 +728,56 @@ class DecodeEngine(Engine):
                 if self._closed:
                     return None
                 self._take_arrivals()
-                if self._inflight < self.max_inflight and self._scheduler.pending:
-                    # The engine is the one place that holds work: until the latest start at which
-                    # every queued group still meets its deadline, arrivals join the next replay.
-                    now = time.monotonic()
-                    loaded = self._busy.fraction(now) >= HOLD_BUSY_FRACTION
-                    wait = (
-                        self._scheduler.hold(now, self._replay_s, self.hold_lead, self._device_free_at)
-                        if self.hold_lead is not None and loaded
-                        else None
-                    )
-                    if wait is not None:
-                        self._sleep(wait)
-                        continue
+                now = time.monotonic()
+                lane, wait = self._ready_lane(now)
+                if lane is not None:
                     if self._round_left <= 0:
-                        wait = self._round_at + self.launch_interval - now
-                        if wait > 0:
-                            self._pause(wait)
+                        pause = self._round_at + self.launch_interval - now
+                        if pause > 0:
+                            self._pause(pause)
                             continue
                         self._round_at = now
-                        self._round_left = self._scheduler.pending
-                    popped = self._scheduler.pop_batch()
-                    pending = self._stats.queued = self._scheduler.pending
+                        self._round_left = self._queued()
+                    popped = lane.scheduler.pop_batch()
+                    pending = self._stats.queued = self._queued()
                     if popped is not None:
-                        self._inflight += 1
+                        lane.inflight += 1
                         key, items = popped
                         self._round_left = self._round_left - len(items) if pending else 0
                         for p in items:
                             p.ticket = None
-                        self._device_free_at = max(now, self._device_free_at) + (self._replay_s(key) or 0.0)
-                        return lambda: self._launch(key, items, now)
-                if not self._scheduler.pending:
+                        lane.free_at = max(now, lane.free_at) + (self._replay_s(key) or 0.0)
+                        return functools.partial(self._launch, lane, key, items, now)
+                if not self._queued():
                     self._round_left = 0  # withdrawn before it went: the next round starts afresh
-                self._sleep(None)
+                self._sleep(wait)
+
+    def _ready_lane(self, now: float) -> tuple[_Lane | None, float | None]:
+        """The lane whose queued work goes next (the most urgent of those ready), or None and how long
+        until a held lane's work is due to go (None: until something wakes the device thread).
+
+        The engine is the one place that holds work: until the latest start at which every group queued
+        on a lane still meets its deadline after that lane's replays in flight, arrivals join its next
+        replay. A lane with ``max_inflight`` replays in flight waits for one to finish."""
+        ready: _Lane | None = None
+        ready_due = math.inf
+        wait: float | None = None
+        loaded: bool | None = None
+        for lane in self._lanes:
+            scheduler = lane.scheduler
+            if lane.inflight >= self.max_inflight or not scheduler.pending:
+                continue
+            if self.hold_lead is not None:
+                if loaded is None:
+                    loaded = self._busy.fraction(now) >= HOLD_BUSY_FRACTION
+                held = scheduler.hold(now, self._replay_s, self.hold_lead, lane.free_at) if loaded else None
+                if held is not None:
+                    wait = held if wait is None else min(wait, held)
+                    continue
+            due = scheduler.next_deadline()
+            if due is not None and due < ready_due:
+                ready, ready_due = lane, due
+        return ready, wait
 
     async def _call_on_device(self, fn: Callable[[], R]) -> R:
         """Run ``fn`` on the device thread (captures and warm-up must happen there) and await its result."""
@@ -720,47 +796,57 @@ class DecodeEngine(Engine):
             self._rouse()
         return await asyncio.wrap_future(done)
 
-    def _finished(self, item: Inflight) -> None:
+    def _finished(self, lane: _Lane, item: Inflight) -> None:
         elapsed = item.elapsed_s()
+        span = self._span(item)
         with self._lock:
-            self._inflight -= 1
+            lane.inflight -= 1
             now = time.monotonic()
             call = item.extra.get("call")
             if call is not None:
                 self._calls.append(
                     call._replace(finished=now, device_s=elapsed if elapsed is not None else call.device_s)
                 )
-            if self._inflight == 0:  # an estimate that ran long (or short) ends with the device free
-                self._device_free_at = now
-            self._busy.add(now, elapsed if elapsed is not None else float(item.extra.get("seconds", 0.0)))
-            if elapsed is not None:
-                self._stats.decode_seconds += elapsed
+            if lane.inflight == 0:  # an estimate that ran long (or short) ends with the lane free
+                lane.free_at = now
+            # the device's busy time: the lanes' calls overlap, and an overlap counts once
+            busy = elapsed if span is None else self._busy_union.add(lane.index, *span)
+            self._busy.add(now, busy if busy is not None else float(item.extra.get("seconds", 0.0)))
+            if busy is not None:
+                self._stats.decode_seconds += busy
             self._rouse()
 
-    def _launch(self, key: BucketKey, items: list[_Pending], decided: float) -> None:
+    def _span(self, item: Inflight) -> tuple[float, float] | None:
+        """When a GPU call began and ended, in seconds on the engine's clock (its first event), where
+        there is more than one lane to set it against; None otherwise."""
+        if len(self._lanes) < 2 or self._epoch is None or item.began is None or item.done is None:
+            return None
+        return self._epoch.elapsed_time(item.began) / 1000.0, self._epoch.elapsed_time(item.done) / 1000.0
+
+    def _launch(self, lane: _Lane, key: BucketKey, items: list[_Pending], decided: float) -> None:
         launched = time.monotonic()
         live = [p for p in items if not p.withdrawn()]
         with self._lock:
             self._stats.cancelled += len(items) - len(live)
-            queued = self._scheduler.pending
+            queued = self._queued()
         if not live:
-            self._finished(Inflight(torch.empty(0), [], None))
+            self._finished(lane, Inflight(torch.empty(0), [], None))
             return
         try:
-            item, tier = self._device_call(key, live)
+            item, tier = self._device_call(lane, key, live)
         except Exception as exc:
             error = exc if isinstance(exc, EngineError) else EngineError(f"decode of {key} failed: {exc}")
             if error is not exc:
                 error.__cause__ = exc
             failed = Inflight(torch.empty(0), [Waiter(p, 0, 0, 0) for p in live], None)
             failed.fail(error)
-            self._finished(failed)
+            self._finished(lane, failed)
             return
         due = min(p.request.deadline for p in live)
         # a simulated device's time is its model's (what it slept); a GPU's comes from the call's events
         item.extra["call"] = DeviceCall(
             key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched,
-            item.extra.get("modelled_s"), self._replay_s(key),
+            item.extra.get("modelled_s"), self._replay_s(key), lane.index,
         )  # fmt: skip
         with self._lock:
             s = self._stats
@@ -770,10 +856,11 @@ class DecodeEngine(Engine):
             s.by_tier[tier] = s.by_tier.get(tier, 0) + 1
             if item.began is None:
                 s.decode_seconds += float(item.extra.get("seconds", 0.0))
-        assert self._completer is not None
-        self._completer.submit(item)
+        item.on_finish = functools.partial(self._finished, lane)
+        assert lane.completer is not None
+        lane.completer.submit(item)
 
-    def _device_call(self, key: BucketKey, live: list[_Pending]) -> tuple[Inflight, str]:
+    def _device_call(self, lane: _Lane, key: BucketKey, live: list[_Pending]) -> tuple[Inflight, str]:
         if self.simulated is not None:
             lo, hi, waiters = self._waiters(key, live)
             return self._simulated_call(key, live, waiters, lo, hi), "simulated"
@@ -785,9 +872,9 @@ class DecodeEngine(Engine):
         else:
             tier = graph.tier if graph is not None else "eager"
         lo, hi, waiters = self._waiters(key, live)
-        if self._stream is None:
-            return self._cpu_call(key, live, waiters, lo, hi), tier
-        return self._cuda_call(key, graph, live, waiters, lo, hi), tier
+        if lane.stream is None:
+            return self._cpu_call(lane, key, live, waiters, lo, hi), tier
+        return self._cuda_call(lane, key, graph, live, waiters, lo, hi), tier
 
     def _waiters(self, key: BucketKey, live: list[_Pending]) -> tuple[int, int, list[Waiter]]:
         """The output columns ``lo:hi`` that travel back, and where each row's result lies in them."""
@@ -806,12 +893,12 @@ class DecodeEngine(Engine):
             [Waiter(p, row, a - lo, b - lo) for row, (p, (a, b)) in enumerate(zip(live, spans, strict=True))],
         )
 
-    def _slots_of(self, live: list[_Pending], rows: int, count: bool = False) -> torch.Tensor:
-        """Slot index per row ``[rows]`` int64 on the host; padding rows take the pool's scratch slot.
+    def _slots_of(self, lane: _Lane, live: list[_Pending], rows: int, count: bool = False) -> torch.Tensor:
+        """Slot index per row ``[rows]`` int64 on the host; padding rows take the lane's scratch slot.
         ``count``: then the number of real rows (``[rows + 1]``, a captured call's static slots)."""
         slots = [p.request.slot for p in live]  # type: ignore[union-attr]
         if rows > len(slots):
-            slots += [self.max_streams] * (rows - len(slots))
+            slots += [self.max_streams + lane.index] * (rows - len(slots))
         if count:
             slots.append(len(live))
         # one array from a list and a tensor over it: a third of the time of torch.tensor (every call)
@@ -829,6 +916,7 @@ class DecodeEngine(Engine):
 
     def _cuda_call(
         self,
+        lane: _Lane,
         key: BucketKey,
         graph: CapturedGraph | None,
         live: list[_Pending],
@@ -836,7 +924,7 @@ class DecodeEngine(Engine):
         lo: int,
         hi: int,
     ) -> Inflight:
-        stream = self._stream
+        stream = lane.stream
         assert stream is not None
         rows = key.batch if graph is not None else len(live)
         host_in = self._stage(live, rows, pin=True)
@@ -845,8 +933,14 @@ class DecodeEngine(Engine):
         # which held a core flat out beside the server (0.96 of one at 512 real-time streams on an H100
         # host: server CPU 0.0031 s per stream-second against 0.0011 with the sleeping wait, same streams)
         done = torch.cuda.Event(enable_timing=True, blocking=True)  # type: ignore[no-untyped-call]
-        slots = self._slots_of(live, rows, graph is not None).pin_memory() if key.kind != "window" else None
+        slots = (
+            self._slots_of(lane, live, rows, graph is not None).pin_memory() if key.kind != "window" else None
+        )
+        # with one lane the stream orders every call: no fences to keep
+        own = [p.request.slot for p in live] if slots is not None and len(self._lanes) > 1 else []  # type: ignore[union-attr]
         with torch.cuda.stream(stream):
+            for fence in self._fences.waits(lane.index, own):  # the other lane's last call on these slots
+                stream.wait_event(fence)
             began.record(stream)
             if graph is not None:
                 graph.static_in.copy_(host_in, non_blocking=True)
@@ -864,17 +958,18 @@ class DecodeEngine(Engine):
             host_out = torch.empty((len(live), self.channels, hi - lo), dtype=torch.float32, pin_memory=True)
             host_out.copy_(out[: len(live), :, lo:hi], non_blocking=True)
             done.record(stream)
-        return Inflight(host_out, waiters, done, began, on_finish=self._finished)
+        self._fences.mark(lane.index, own, done)
+        return Inflight(host_out, waiters, done, began)
 
     def _cpu_call(
-        self, key: BucketKey, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int
+        self, lane: _Lane, key: BucketKey, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int
     ) -> Inflight:
         began = time.perf_counter()
         x = self._stage(live, len(live), pin=False).to(self.dtype)
         if key.kind == "window":
             decoded = self.tiers.eager(x)
         else:
-            decoded = self.tiers.eager_call(key.kind, self._slots_of(live, len(live)), x)
+            decoded = self.tiers.eager_call(key.kind, self._slots_of(lane, live, len(live)), x)
         out = decoded[:, :, lo:hi].to("cpu", torch.float32, copy=True)
         return self._host_inflight(out, waiters, began)
 
@@ -899,7 +994,7 @@ class DecodeEngine(Engine):
     def _host_inflight(self, out: torch.Tensor, waiters: list[Waiter], began: float) -> Inflight:
         """A call the host finished already (no events): its output (fresh memory of its own, handed out
         without a copy) and how long it took."""
-        item = Inflight(out, waiters, None, None, on_finish=self._finished, owned=True)
+        item = Inflight(out, waiters, None, None, owned=True)
         item.extra["seconds"] = time.perf_counter() - began
         return item
 
@@ -924,7 +1019,8 @@ class DecodeEngine(Engine):
                 warmed.append(key)
                 if graph.replay_ms is not None:
                     self._measured[key] = graph.replay_ms
-        self._scheduler.forget_plans()  # the cost model now has measured replays
+        for lane in self._lanes:
+            lane.scheduler.forget_plans()  # the cost model now has measured replays
         failed = [k for k in tiers.failed if k in keys]
         if cuda:
             torch.cuda.synchronize(self.device)

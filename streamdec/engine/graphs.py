@@ -9,9 +9,12 @@ Tiers, tried in order for a ``(batch, frames)`` key:
    bucket: ``torch.compile`` of the decode, then one CUDA graph per key (tier ``compiled``), or a plain
    capture of the eager decode when compile is off or failed (tier ``graph``). They share one private
    memory pool for the engine's lifetime: replays are serialised on one stream, so a graph's
-   intermediates may reuse another's; only each graph's static input and output stay reserved.
+   intermediates may reuse another's; only each graph's static input and output stay reserved. Where a
+   second lane replays stateful primes and flushes beside the steps (:mod:`.lanes`), their graphs share
+   a pool of their own, since a replay on one lane may run while one on the other does.
 2. *Ad-hoc plain graphs*, captured on first use for any other key (a clip shorter than the smallest window
-   arrives with its own length). They live in a *generation* with its own private pool. When
+   arrives with its own length; never a primes' or flushes' call on a second lane, which decodes
+   eagerly instead). They live in a *generation* with its own private pool. When
    ``max_graphs`` is reached the whole generation is retired (stream synchronised, every graph and pool
    dropped) and a fresh one begins. Evicting single graphs from a shared pool is unsafe: a survivor's
    replay could write memory that the evicted graph's pool handed back to someone else.
@@ -40,6 +43,7 @@ from torch import Tensor
 from .. import settings
 from ..errors import CaptureFrozenError, ConfigError
 from ..kernels.availability import HAS_TRITON
+from .lanes import EDGE, lane_of
 from .scheduler import BucketKey
 from .slots import StatePool
 
@@ -149,6 +153,7 @@ class GraphTiers:
         self.failed: list[BucketKey] = []
         self.retired_generations = 0
         self._bucket_pool: Any = None
+        self._edge_pool: Any = None  # the second lane's bucket graphs' pool (see the module docstring)
         self._generation: _Generation | None = None
         self._compiled: Forward | None = None
         self._capturing = False
@@ -214,6 +219,8 @@ class GraphTiers:
             return ["graphs off: eager decode warmed only"]
         if self._bucket_pool is None:
             self._bucket_pool = torch.cuda.graph_pool_handle()
+        if self._edge_pool is None and self._lanes > 1:
+            self._edge_pool = torch.cuda.graph_pool_handle()
         # Largest first: the shared pool is sized by the first capture, later ones reuse its blocks.
         todo = [
             key
@@ -304,7 +311,7 @@ class GraphTiers:
         if self.options.compile and key.kind == "window":
             try:
                 began = time.perf_counter()
-                graph = self._capture(key, self._compiled_forward(), "compiled", self._bucket_pool, -1)
+                graph = self._capture(key, self._compiled_forward(), "compiled", self._pool_for(key), -1)
                 notes.append(f"compiled {key.batch}x{key.frames} in {time.perf_counter() - began:.1f} s")
                 return graph
             except Exception as exc:  # a compile or capture failure falls back to tier 2, loudly
@@ -314,13 +321,21 @@ class GraphTiers:
                 notes.append(f"compiled {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
                 self.failed.append(key)
         try:
-            return self._capture(key, None, "graph", self._bucket_pool, -1)
+            return self._capture(key, None, "graph", self._pool_for(key), -1)
         except Exception as exc:
             log.warning("plain capture of bucket %s failed (%s); it decodes eagerly", key, exc)
             notes.append(f"graph {key.batch}x{key.frames} failed: {type(exc).__name__}: {exc}")
             if key not in self.failed:
                 self.failed.append(key)
             return None
+
+    @property
+    def _lanes(self) -> int:
+        return 1 if self.state is None else self.state.lanes
+
+    def _pool_for(self, key: BucketKey) -> Any:
+        """The bucket pool ``key``'s graph draws on: its lane's."""
+        return self._edge_pool if lane_of(key.kind, self._lanes) == EDGE else self._bucket_pool
 
     def _compiled_forward(self) -> Forward:
         if self._compiled is None:
@@ -332,6 +347,8 @@ class GraphTiers:
     # -- ad-hoc generations -----------------------------------------------------------------------------
 
     def _capture_adhoc(self, key: BucketKey) -> CapturedGraph | None:
+        if lane_of(key.kind, self._lanes) == EDGE:
+            return None  # a generation's pool serves the main lane alone (module docstring): eager
         gen = self._generation
         if gen is not None and len(gen.graphs) >= self.options.max_graphs:
             self.retire_generation()
@@ -516,7 +533,9 @@ class GraphTiers:
         if key.kind == "window":
             return self.forward, None
         pool = self._state_pool()
-        static = torch.full((key.batch + 1,), pool.scratch, dtype=torch.int64, device=self.device)
+        static = torch.full(
+            (key.batch + 1,), pool.scratch_row(key.kind), dtype=torch.int64, device=self.device
+        )
         static[key.batch] = key.batch
         slots, live = static[: key.batch], static[key.batch :]
         call = pool.fn(key.kind)

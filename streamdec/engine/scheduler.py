@@ -285,6 +285,11 @@ class Scheduler(Generic[T]):
         heads.sort()
         return heads
 
+    def next_deadline(self) -> float | None:
+        """The deadline of the most urgent live ticket, or None when nothing is queued."""
+        heads = self._heads()
+        return heads[0][0] if heads else None
+
     def _most_urgent_group(self) -> tuple[str, int] | None:
         heads = self._heads()
         return heads[0][2] if heads else None

@@ -1,15 +1,17 @@
 """Stateful streams on the device: a pool of per-stream layer state, and batched prime/step/flush calls.
 
-Every stream in stateful mode owns a *slot*: row ``slot`` of one pool tensor ``[slots + 1, width]``
-holding every stateful layer's state side by side (layer ``i`` is the view ``[slots + 1, channels,
+Every stream in stateful mode owns a *slot*: row ``slot`` of one pool tensor ``[slots + lanes, width]``
+holding every stateful layer's state side by side (layer ``i`` is the view ``[slots + lanes, channels,
 state_len]`` of its columns), allocated once at start-up, so addresses never change and a captured graph
 can read and write them. A batched call takes the slots of its rows as an index tensor and runs
 :class:`~streamdec.codecs.stateful.StatefulNet` once for all rows: the first layer that reads state
 gathers every layer's state of those rows in one copy (``[B, width]``; each layer reads its view of it in
 place), and each layer scatters its new state into the pool once it has computed, all inside one replay.
 Reads come from the call's copy and writes go to the pool, so no write can change what a later layer
-reads. Padding rows of a batch bucket point at the extra last row, a scratch slot nobody owns, so they
-never touch a live stream's state (several padding rows write it at once: whichever wins, nobody reads it).
+reads. Padding rows of a batch bucket point at an extra row past the slots, a scratch slot nobody owns,
+so they never touch a live stream's state (several padding rows write it at once: whichever wins, nobody
+reads it). Each lane of calls (:mod:`.lanes`) has its own scratch row, so two calls in flight at once
+never share one.
 A captured call also reads how many of its rows are real (``live``, beside the slot indices), and its
 kernels skip the padding rows (:mod:`streamdec.kernels.rows`): a bucket costs what its streams cost, not
 what its size would.
@@ -27,6 +29,7 @@ from torch import Tensor
 from ..codecs.stateful import StatefulNet
 from ..errors import ConfigError, TooManyStreamsError
 from ..kernels.rows import live_rows
+from .lanes import lane_of
 
 __all__ = ["SlotAllocator", "StatePool", "StepFn"]
 
@@ -71,28 +74,42 @@ class SlotAllocator:
 
 
 class StatePool:
-    """Per-layer state of ``slots`` streams (plus one scratch row) on the codec's device.
+    """Per-layer state of ``slots`` streams (plus a scratch row per lane) on the codec's device.
 
-    ``fused`` (default) runs the calls with one gather of every layer's state and the work handed across
-    layers (:class:`~streamdec.codecs.stateful.StateIO`); ``fused=False`` gathers each layer's state
-    apart and hands nothing over. Both give the same bits."""
+    ``lanes``: how many lanes of calls may run at once (:mod:`.lanes`); each has a scratch row of its own
+    for its padding rows, so two calls in flight never write one row at the same time.
+
+    ``fused`` (default) runs the calls with one gather of every layer's state and the work handed
+    across layers (:class:`~streamdec.codecs.stateful.StateIO`); ``fused=False`` gathers each layer's
+    state apart and hands nothing over. Both give the same bits."""
 
     def __init__(
-        self, net: StatefulNet, slots: int, *, device: torch.device, dtype: torch.dtype, fused: bool = True
+        self,
+        net: StatefulNet,
+        slots: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        fused: bool = True,
+        lanes: int = 1,
     ) -> None:
         self.net = net
         self.slots = slots
-        self.scratch = slots  # the row padding rows read and write
+        self.lanes = lanes
+        self.scratch = slots  # the row the main lane's padding rows read and write (scratch_row)
         self.fused = fused
         widths = [spec.channels * spec.length for spec in net.specs]
-        self.flat = torch.zeros(slots + 1, sum(widths), device=device, dtype=dtype)
-        self.tensors: list[Tensor] = []  # each layer's view [slots + 1, channels, length] of its columns
+        rows = slots + lanes
+        self.flat = torch.zeros(rows, sum(widths), device=device, dtype=dtype)
+        self.tensors: list[Tensor] = []  # each layer's view [rows, channels, length] of its columns
         start = 0
         for spec, width in zip(net.specs, widths, strict=True):
-            self.tensors.append(
-                self.flat[:, start : start + width].view(slots + 1, spec.channels, spec.length)
-            )
+            self.tensors.append(self.flat[:, start : start + width].view(rows, spec.channels, spec.length))
             start += width
+
+    def scratch_row(self, kind: str) -> int:
+        """The scratch row of the lane that runs calls of ``kind``."""
+        return self.slots + lane_of(kind, self.lanes)
 
     @property
     def nbytes(self) -> int:

@@ -192,3 +192,48 @@ def test_padding_rows_are_skipped_without_changing_a_real_row(auk: Codec) -> Non
         assert torch.equal(captured[:3], expected[:3])
         assert torch.equal(pools[0].flat[:6], pools[1].flat[:6])
     auk.precision = "fp32"
+
+
+def test_edge_lane_streams_beside_steps_and_reused_slots(auk: Codec) -> None:
+    """fp16x3 auk-24k with primes and flushes on a CUDA stream of their own beside the steps: 36 streams
+    starting 3 ms apart through 10 slots, every fourth dropped after its first tile (its slot freed at
+    once, a later stream's prime on it waiting for the dropped stream's call still on the device). Each
+    kept stream is >= 110 dB against its whole-clip decode, the edge calls ran on the edge lane, and the
+    device's busy time is at most the sum of its calls' times."""
+    assert auk.use_auto_precision() == "fp16x3"
+    gen = torch.Generator().manual_seed(5)
+    clips = [torch.randn(40 + 7 * (i % 9), 64, generator=gen) for i in range(36)]
+
+    async def run() -> tuple[dict[int, torch.Tensor], DecodeEngine]:
+        engine = DecodeEngine(auk, compile=False, max_streams=10, batch_buckets=(1, 2, 4, 8, 16))
+        assert engine.lanes == 2
+        gate = asyncio.Semaphore(10)
+        outs: dict[int, torch.Tensor] = {}
+        async with streamdec.StreamDecoder(auk, engine=engine) as dec:
+            await dec.warmup()
+
+            async def one(i: int) -> None:
+                await asyncio.sleep(0.003 * i)
+                async with gate:
+                    chunks = [clips[i][at : at + 4] for at in range(0, clips[i].shape[0], 4)]
+                    if i % 4 == 3:
+                        async with dec.decode_tiles(chunks) as tiles:
+                            async for _ in tiles:
+                                break  # dropped: its slot goes back with its call maybe in flight
+                        return
+                    outs[i] = torch.cat([t.samples async for t in dec.decode_tiles(chunks)], dim=-1)
+
+            await asyncio.gather(*(one(i) for i in range(len(clips))))
+            calls = engine.recent_calls()
+            assert {c.lane for c in calls if c.kind in ("prime", "flush")} == {1}
+            assert {c.lane for c in calls if c.kind == "step"} == {0}
+            own = sum(c.device_s or 0.0 for c in calls)
+            assert 0 < engine.stats.decode_seconds <= own + 1e-6
+        return outs, engine
+
+    outs, _ = asyncio.run(run())
+    assert len(outs) == 27
+    for i, out in outs.items():
+        whole = auk.decode(clips[i][None])[0].cpu()
+        assert snr_db(whole, out) >= 110.0, i
+    auk.precision = "fp32"

@@ -66,18 +66,23 @@ async def collect(dec: streamdec.StreamDecoder, chunks: object) -> torch.Tensor:
     sizes=st.lists(st.integers(0, 13), min_size=1, max_size=6),
     min_emit=st.sampled_from([1, 2, 4]),
     seed=st.integers(0, 3),
+    edge_lane=st.booleans(),
 )
 def test_stateful_streams_equal_whole_clip(
-    name: str, lengths: list[int], sizes: list[int], min_emit: int, seed: int
+    name: str, lengths: list[int], sizes: list[int], min_emit: int, seed: int, edge_lane: bool
 ) -> None:
     """For any chunking (0-13 frames) and length (1-300), concurrent stateful streams at different
-    phases, sharing batches, each equal codec.decode of their clip within 1e-5."""
+    phases, sharing batches, each equal codec.decode of their clip within 1e-5, with primes and flushes
+    queued in a lane of their own or with the steps."""
     codec = codec_of(name)
     gen = torch.Generator().manual_seed(seed)
     clips = [torch.randn(n, codec.latent_dim, generator=gen) for n in lengths]
 
     async def run() -> list[torch.Tensor]:
-        async with streamdec.StreamDecoder(codec, mode="stateful", min_emit=min_emit, max_streams=4) as dec:
+        async with streamdec.StreamDecoder(
+            codec, mode="stateful", min_emit=min_emit, max_streams=4, edge_lane=edge_lane
+        ) as dec:
+            assert dec.engine.lanes == (2 if edge_lane else 1)
             outs = await asyncio.gather(
                 *(
                     collect(dec, paced(split(c, sizes[i:] + sizes[:i]), 0.0005 * i))
