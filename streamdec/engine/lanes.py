@@ -4,12 +4,14 @@ A stream's prime and flush (its *edges*) are small calls: a few rows, a few hund
 bound by its latency rather than by the device's width. Replayed on the engine's stream they queue behind
 a step of hundreds of rows and keep the next step waiting for their whole length. On a second stream of
 higher priority they replay beside the step: their blocks take multiprocessors as the step's blocks
-retire, and the step loses only what they compute. This module holds the bookkeeping that makes that
-safe and measurable, with no torch in it:
+retire, so a stream's first audio does not wait for the step in flight (the device time stays about the
+same: docs/stateful.md). This module holds the bookkeeping that makes that safe and measurable, with no
+torch in it:
 
 * :class:`SlotFences` - a slot's layer state is written by whichever lane ran its last call; a call on
-  the other lane must wait for that call's event first (a stream's first step after its prime, its flush
-  after its last step, a cancelled stream's slot primed again for the next one).
+  the other lane must wait for that call's event first. A stream has one call in flight at a time, so
+  this is a slot changing hands: a dropped stream's slot primed for the next stream while the dropped
+  stream's step still runs.
 * :class:`BusyUnion` - the device's busy time is the union of the two lanes' calls, not their sum.
 """
 
