@@ -774,6 +774,8 @@ class DecodeEngine(Engine):
                 if held is not None:
                     wait = held if wait is None else min(wait, held)
                     continue
+            if len(self._lanes) == 1:
+                return lane, None  # nothing to choose between: no deadline to look up
             due = scheduler.next_deadline()
             if due is not None and due < ready_due:
                 ready, ready_due = lane, due
