@@ -76,7 +76,7 @@ from .base import (
 )
 from .completion import Completer, HostCompleter, Inflight, Mailbox, PollCompleter, ThreadCompleter, Waiter
 from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_forward
-from .lanes import EDGE, MAIN, BusyUnion, SlotFences, lane_of
+from .lanes import EDGE, MAIN, BusyUnion, DeviceClock, SlotFences, lane_of
 from .output import DecodedAudio
 from .scheduler import BucketKey, CostFn, Scheduler, Ticket, linear_cost
 from .simulated import SimulatedCost, SimulatedTier, bucket_seconds
@@ -370,7 +370,7 @@ class DecodeEngine(Engine):
         # which lane last wrote each slot's state, and when that call ends (device thread only)
         self._fences: SlotFences[torch.cuda.Event] = SlotFences(max_streams)
         self._busy_union = BusyUnion(len(self._lanes))
-        self._epoch: torch.cuda.Event | None = None  # the clock both lanes' call times are read on
+        self._clock: DeviceClock[torch.cuda.Event] | None = None  # both lanes' call times on one clock
         self._pad_cpu = pad.to("cpu", torch.float32)
         self._stats = EngineStats()
         # the latest device calls, for benchmarks' timelines (a few per replay period: minutes of them)
@@ -405,8 +405,10 @@ class DecodeEngine(Engine):
             for lane in self._lanes:
                 # the edge lane at a higher priority: its blocks go first as the step's retire
                 lane.stream = torch.cuda.Stream(device=self.device, priority=-1 if lane.index == EDGE else 0)  # type: ignore[no-untyped-call]
-            self._epoch = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            self._epoch.record(self._lanes[MAIN].stream)
+            if len(self._lanes) > 1:
+                origin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                origin.record(self._lanes[MAIN].stream)
+                self._clock = DeviceClock(origin)
         self._saved_threads = torch.get_num_threads()
         torch.set_num_threads(min(self._saved_threads, self.cpu_threads))
         if self.simulated is None:
@@ -799,12 +801,12 @@ class DecodeEngine(Engine):
         return await asyncio.wrap_future(done)
 
     def _finished(self, lane: _Lane, item: Inflight) -> None:
-        elapsed = item.elapsed_s()
-        span = self._span(item)
+        call = item.extra.get("call")
+        span = self._span(item, call)
+        elapsed = span[1] - span[0] if span is not None else item.elapsed_s()
         with self._lock:
             lane.inflight -= 1
             now = time.monotonic()
-            call = item.extra.get("call")
             if call is not None:
                 self._calls.append(
                     call._replace(finished=now, device_s=elapsed if elapsed is not None else call.device_s)
@@ -818,12 +820,12 @@ class DecodeEngine(Engine):
                 self._stats.decode_seconds += busy
             self._rouse()
 
-    def _span(self, item: Inflight) -> tuple[float, float] | None:
-        """When a GPU call began and ended, in seconds on the engine's clock (its first event), where
-        there is more than one lane to set it against; None otherwise."""
-        if len(self._lanes) < 2 or self._epoch is None or item.began is None or item.done is None:
+    def _span(self, item: Inflight, call: DeviceCall | None) -> tuple[float, float] | None:
+        """When a GPU call began and ended, in seconds on the lanes' one clock, where there is more than
+        one lane to set it against; None otherwise."""
+        if self._clock is None or item.began is None or item.done is None or call is None:
             return None
-        return self._epoch.elapsed_time(item.began) / 1000.0, self._epoch.elapsed_time(item.done) / 1000.0
+        return self._clock.span(item.began, item.done, call.launched, time.monotonic())
 
     def _launch(self, lane: _Lane, key: BucketKey, items: list[_Pending], decided: float) -> None:
         launched = time.monotonic()

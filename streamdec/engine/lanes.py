@@ -13,15 +13,28 @@ torch in it:
   this is a slot changing hands: a dropped stream's slot primed for the next stream while the dropped
   stream's step still runs.
 * :class:`BusyUnion` - the device's busy time is the union of the two lanes' calls, not their sum.
+* :class:`DeviceClock` - the union needs both lanes' calls on one clock, read from the device's events.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from collections import deque
 from collections.abc import Iterable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["EDGE", "EDGE_KINDS", "MAIN", "BusyUnion", "Fence", "SlotFences", "lane_of"]
+__all__ = [
+    "EDGE",
+    "EDGE_KINDS",
+    "MAIN",
+    "BusyUnion",
+    "DeviceClock",
+    "Fence",
+    "SlotFences",
+    "Stamp",
+    "lane_of",
+]
 
 MAIN, EDGE = 0, 1
 #: the stateful calls that run on the edge lane where the engine keeps one
@@ -96,3 +109,56 @@ class BusyUnion:
                 shared += max(0.0, min(b, end) - max(a, start))
         self._spans[lane].append((start, end))
         return max(0.0, end - start - shared)
+
+
+class Stamp(Protocol):
+    """A completed timed point in a lane's work (a recorded CUDA event with timing)."""
+
+    def elapsed_time(self, end_event: Any, /) -> float:
+        """Milliseconds from this point to ``end_event``, read as the device gives them (float32)."""
+        ...
+
+
+S = TypeVar("S", bound=Stamp)
+
+
+class DeviceClock(Generic[S]):
+    """Finished calls' start and end in seconds on one clock, as precise after days as after seconds.
+
+    The device gives the time between two events as float32 milliseconds (``cudaEventElapsedTime``), so
+    times read from one event recorded at start-up lose precision with uptime: a quarter of a
+    millisecond after an hour, 8 ms after a day, as long as a call itself. The clock instead reads each
+    call from an *anchor* at most about ``every`` seconds older, a finished call's start adopted as the
+    next anchor, with each anchor's own time kept in float64.
+
+    A call is read from the newest anchor adopted before the call was launched: its start was recorded
+    after that anchor had passed on the device, so it is never read backwards (the device's reading of a
+    negative interval is not something to rely on). A call on the other lane launched just before an
+    adoption is read from the anchor before. After an idle gap the first calls are read from an anchor
+    as old as the gap, so they carry its rounding; they cannot overlap calls before the gap.
+
+    Used by both lanes' completers, so it takes a lock of its own.
+    """
+
+    def __init__(self, origin: S, every: float = 1.0, keep: int = 8) -> None:
+        self._lock = threading.Lock()
+        self._every = every
+        # (host time when adopted, its event, its time in seconds on this clock); the origin is recorded
+        # before any call is launched
+        self._anchors: deque[tuple[float, S, float]] = deque([(-math.inf, origin, 0.0)], maxlen=keep)
+
+    def span(self, began: S, done: S, launched: float, now: float) -> tuple[float, float]:
+        """A finished call's start and end: ``began`` and ``done`` its events, ``launched`` the host time
+        (``time.monotonic()``) before ``began`` was recorded, ``now`` a host time after both completed."""
+        length = began.elapsed_time(done) / 1000.0
+        with self._lock:
+            anchors = self._anchors
+            _, anchor, at = anchors[0]  # none adopted before the launch (a call in flight that long)
+            for adopted, stamp, stamp_at in reversed(anchors):
+                if adopted < launched:
+                    anchor, at = stamp, stamp_at
+                    break
+            start = at + anchor.elapsed_time(began) / 1000.0
+            if start - anchors[-1][2] >= self._every:
+                anchors.append((now, began, start))
+        return start, start + length

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
-from streamdec.engine.lanes import EDGE, MAIN, BusyUnion, SlotFences, lane_of
+from streamdec.engine.lanes import EDGE, MAIN, BusyUnion, DeviceClock, SlotFences, lane_of
 from streamdec.errors import ConfigError
 
 
@@ -76,6 +77,82 @@ def test_busy_union_is_the_measure_of_the_union_for_any_order(data: st.DataObjec
     total = sum(busy.add(lane, a, b) for lane, a, b in order)
     covered = {t for _, a, b in calls for t in range(a, b)}
     assert total == len(covered)
+
+
+class FakeEvent:
+    """A timed device event at ``ns`` nanoseconds: the interval to a later one read as the device gives it,
+    float32 milliseconds; reading backwards fails the test."""
+
+    def __init__(self, ns: int) -> None:
+        self.ns = ns
+
+    def elapsed_time(self, end_event: FakeEvent, /) -> float:
+        assert end_event.ns >= self.ns, "an interval read backwards"
+        return float(np.float32((end_event.ns - self.ns) / 1e6))
+
+
+@dataclass
+class TimedCall:
+    lane: int
+    launched: int  # ns on the host's clock, which the device's shares here
+    began: int
+    done: int
+
+
+def _finish_all(clock: DeviceClock[FakeEvent], calls: list[TimedCall]) -> list[tuple[float, float]]:
+    """Each call's span as the clock reads it, the calls handed over in the order they end (a completer
+    per lane, each a microsecond after its call's end)."""
+    spans: dict[int, tuple[float, float]] = {}
+    for i in sorted(range(len(calls)), key=lambda i: calls[i].done):
+        c = calls[i]
+        spans[i] = clock.span(FakeEvent(c.began), FakeEvent(c.done), c.launched / 1e9, (c.done + 1_000) / 1e9)
+    return [spans[i] for i in range(len(calls))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_the_device_clock_never_reads_backwards_and_keeps_each_call_to_a_microsecond(
+    data: st.DataObject,
+) -> None:
+    """Two lanes launching calls at random, each lane in order, finishing in any order across lanes; anchors
+    adopted often (every 10 ms) so that calls launched before an adoption are read past it."""
+    calls: list[TimedCall] = []
+    for lane in (MAIN, EDGE):
+        host = free = 0
+        ms = 1_000_000
+        for gap, latency, length in data.draw(
+            st.lists(
+                st.tuples(st.integers(0, 300 * ms), st.integers(0, 40 * ms), st.integers(1, 40 * ms)),
+                max_size=30,
+            )
+        ):
+            host += gap
+            began = max(host + latency, free)  # a lane's calls run in turn
+            calls.append(TimedCall(lane, host, began, began + length))
+            free = began + length
+            host += 1_000  # the next launch comes after this one's
+    spans = _finish_all(DeviceClock(FakeEvent(0), every=0.01), calls)
+    for c, (start, end) in zip(calls, spans, strict=True):
+        assert start == pytest.approx(c.began / 1e9, abs=1e-6)
+        assert end == pytest.approx(c.done / 1e9, abs=1e-6)
+
+
+def test_the_device_clock_places_calls_to_a_microsecond_after_a_day() -> None:
+    """A day of one call a second, then two overlapping calls: read from the first event, their times would
+    be off by milliseconds (float32 at 8.6e7 ms); from the clock's anchors, their overlap is exact."""
+    s = 1_000_000_000
+    calls = [TimedCall(MAIN, t * s, t * s + 300_000, t * s + 20_300_000) for t in range(1, 86_400)]
+    day = 86_400 * s
+    step = TimedCall(MAIN, day, day + 1_000_000, day + 31_000_000)
+    prime = TimedCall(EDGE, day + 500_000, day + 5_700_000, day + 12_800_000)
+    spans = _finish_all(DeviceClock(FakeEvent(0)), [*calls, step, prime])
+    (step_start, step_end), (prime_start, prime_end) = spans[-2:]
+    assert step_end - step_start == pytest.approx(0.030, abs=1e-6)
+    assert prime_start - step_start == pytest.approx(0.0047, abs=1e-6)
+    assert prime_end - prime_start == pytest.approx(0.0071, abs=1e-6)
+    origin = FakeEvent(0)  # the same two calls read from the first event, as a single epoch would
+    read = [origin.elapsed_time(FakeEvent(t)) / 1e3 for t in (step.began, prime.began)]
+    assert abs((read[1] - read[0]) - 0.0047) > 1e-3
 
 
 def test_the_engine_keeps_an_edge_lane_only_where_asked_or_on_a_gpu_with_slots() -> None:
