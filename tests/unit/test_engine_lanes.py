@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamdec.cli_errors import UsageError
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
 from streamdec.engine.lanes import EDGE, MAIN, BusyUnion, DeviceClock, SlotFences, lane_of
 from streamdec.errors import ConfigError
+from streamdec.server.cli import _decoder, configure_serve
 
 
 @dataclass(eq=False)
@@ -162,6 +165,24 @@ def test_the_engine_keeps_an_edge_lane_only_where_asked_or_on_a_gpu_with_slots()
     assert DecodeEngine(codec).lanes == 1
     with pytest.raises(ConfigError, match="edge_lane needs stateful slots"):
         DecodeEngine(codec, edge_lane=True)
+
+
+def test_serve_edge_lane_flag_reaches_the_engine() -> None:
+    """`serve --edge-lane on|off` sets the engine's lanes; auto leaves the engine its default (one on a CPU);
+    asking for the lane where there are no primes or flushes, or of the one-lane simulated engine, is a
+    usage error."""
+    parser = argparse.ArgumentParser()
+    configure_serve(parser)
+    codec = load_codec("tiny")
+
+    def lanes(*flags: str) -> int:
+        return int(_decoder(parser.parse_args(["--codec", "tiny", *flags]), codec).engine.lanes)
+
+    assert [lanes("--edge-lane", f) for f in ("on", "off", "auto")] == [2, 1, 1]
+    with pytest.raises(UsageError, match="needs --mode stateful"):
+        lanes("--edge-lane", "on", "--mode", "halo")
+    with pytest.raises(UsageError, match="simulated engine models one lane"):
+        lanes("--edge-lane", "off", "--engine", "simulated")
 
 
 def test_the_most_urgent_ready_lane_goes_and_a_full_lane_lets_the_other_go() -> None:
