@@ -143,9 +143,10 @@ class DeviceClock(Generic[S]):
     def __init__(self, origin: S, every: float = 1.0, keep: int = 8) -> None:
         self._lock = threading.Lock()
         self._every = every
-        # (host time when adopted, its event, its time in seconds on this clock); the origin is recorded
-        # before any call is launched
-        self._anchors: deque[tuple[float, S, float]] = deque([(-math.inf, origin, 0.0)], maxlen=keep)
+        # (host time when adopted, its event, its time in seconds on this clock); the origin was recorded
+        # before any call was launched, so it stays the fallback of a call in flight across every anchor
+        self._origin: tuple[float, S, float] = (-math.inf, origin, 0.0)
+        self._anchors: deque[tuple[float, S, float]] = deque([self._origin], maxlen=keep)
 
     def span(self, began: S, done: S, launched: float, now: float) -> tuple[float, float]:
         """A finished call's start and end: ``began`` and ``done`` its events, ``launched`` the host time
@@ -153,7 +154,7 @@ class DeviceClock(Generic[S]):
         length = began.elapsed_time(done) / 1000.0
         with self._lock:
             anchors = self._anchors
-            _, anchor, at = anchors[0]  # none adopted before the launch (a call in flight that long)
+            _, anchor, at = self._origin  # none kept was adopted before the launch: in flight that long
             for adopted, stamp, stamp_at in reversed(anchors):
                 if adopted < launched:
                     anchor, at = stamp, stamp_at

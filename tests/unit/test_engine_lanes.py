@@ -140,6 +140,17 @@ def test_the_device_clock_never_reads_backwards_and_keeps_each_call_to_a_microse
         assert end == pytest.approx(c.done / 1e9, abs=1e-6)
 
 
+def test_a_call_in_flight_past_every_kept_anchor_is_read_from_the_origin() -> None:
+    """Keeping two anchors, a long call on one lane outlives five adopted from the other: its start is
+    read from the origin, which came before every call, never from an anchor after it."""
+    ms = 1_000_000
+    long = TimedCall(MAIN, 1 * ms, 2 * ms, 500 * ms)
+    short = [TimedCall(EDGE, t * ms, t * ms + 100_000, t * ms + 3 * ms) for t in (10, 20, 30, 40, 50)]
+    clock: DeviceClock[FakeEvent] = DeviceClock(FakeEvent(0), every=0.001, keep=2)
+    spans = _finish_all(clock, [long, *short])
+    assert spans[0] == pytest.approx((0.002, 0.5), abs=1e-6)
+
+
 def test_the_device_clock_places_calls_to_a_microsecond_after_a_day() -> None:
     """A day of one call a second, then two overlapping calls: read from the first event, their times would
     be off by milliseconds (float32 at 8.6e7 ms); from the clock's anchors, their overlap is exact."""
