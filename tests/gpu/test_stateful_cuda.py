@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from streamdec.codecs import Codec, load_codec
 from streamdec.codecs.stateful import StatefulNet
 from streamdec.engine import DecodeEngine
 from streamdec.engine.base import StepRequest
+from streamdec.engine.lanes import DeviceClock
 from streamdec.engine.slots import StatePool
 from support.cuda_checks import float64_twin, snr_db
 
@@ -237,3 +239,43 @@ def test_edge_lane_streams_beside_steps_and_reused_slots(auk: Codec) -> None:
         whole = auk.decode(clips[i][None])[0].cpu()
         assert snr_db(whole, out) >= 110.0, i
     auk.precision = "fp32"
+
+
+def test_device_clock_reads_real_events_on_two_streams() -> None:
+    """The edge lane's clock over real CUDA events: calls on two streams of different priority, read as
+    they finish with anchors adopted every 5 ms, land where the first event puts them (to a microsecond,
+    a second of uptime being too short for float32 to round), and no read goes backwards."""
+    main, edge = torch.cuda.Stream(), torch.cuda.Stream(priority=-1)
+    x = torch.randn(1024, 1024, device="cuda")
+    origin = torch.cuda.Event(enable_timing=True)
+    origin.record(main)
+    clock: DeviceClock[torch.cuda.Event] = DeviceClock(origin, every=0.005)
+    pending: list[tuple[torch.cuda.Event, torch.cuda.Event, float]] = []
+    spans: list[tuple[float, float, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def finish(every: bool) -> None:
+        for call in [c for c in pending if every or c[1].query()]:
+            pending.remove(call)
+            began, done, launched = call
+            spans.append((*clock.span(began, done, launched, time.monotonic()), began, done))
+
+    for i in range(120):
+        stream = edge if i % 3 == 0 else main
+        launched = time.monotonic()
+        began, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            began.record(stream)
+            y = x
+            for _ in range(1 + i % 4):
+                y = y @ x
+            done.record(stream)
+        pending.append((began, done, launched))
+        if i % 5 == 0:
+            time.sleep(0.002)
+        finish(every=False)
+    torch.cuda.synchronize()
+    finish(every=True)
+    assert len(spans) == 120 and len(clock._anchors) > 2
+    for start, end, began, done in spans:
+        assert start == pytest.approx(origin.elapsed_time(began) / 1e3, abs=1e-6)
+        assert end == pytest.approx(origin.elapsed_time(done) / 1e3, abs=1e-6)
