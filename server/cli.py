@@ -182,7 +182,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig, cpus: frozenset
         if group is not None:
             print(f"streamdec: {len(names)} devices ({', '.join(names)}), {decoders[0].max_streams or 'no'} "
                   "slots each; each new stream goes to the device with the most free slots", flush=True)  # fmt: skip
-        lanes = " (primes and flushes on a CUDA stream of their own)" if decoders[0].engine.lanes > 1 else ""
+        lanes = " (primes and flushes in a lane of their own)" if decoders[0].engine.lanes > 1 else ""
         print(f"streamdec: {decoder.mode} mode{lanes}; warm-up {report.seconds:.1f} s, {report.graphs} graphs, "
               f"{report.graph_memory_bytes / 2**30:.2f} GiB of graph memory, {state / 2**30:.2f} GiB of stream "
               f"state; capacity "
