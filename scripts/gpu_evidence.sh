@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU runs the docs' headline figures come from, one part at a time, each part sized to about ten
+# minutes on a fresh host (Triton compiling included) and each step bounded by `timeout`, so a step that
+# hangs leaves the others' files behind:
+#   stateful  the stateful cuda tests (a log), then 512 real-time streams through StreamDecoder with a
+#             stream's primes and flushes in a lane of their own and on the steps' stream, twice, the
+#             order swapped (docs/stateful.md);
+#   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
+#             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
+#   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md).
+# Usage: scripts/gpu_evidence.sh OUT_DIR PART...   (run from the repository root with the package
+# importable: docs/development.md, "On a GPU host")
+set -uo pipefail
+out=${1:?usage: $0 OUT_DIR stateful|serving|kernels ...}
+shift
+[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|serving|kernels ..." >&2; exit 2; }
+py=${PYTHON:-python3}
+export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
+lscpu 2>/dev/null | grep "Model name" >> "$out/device.txt"
+status=0
+run() {  # run SECONDS LOG COMMAND...: the command's output to LOG, its exit code appended
+  local secs=$1 log=$2
+  shift 2
+  echo "== $(date -u +%T) $*"
+  timeout "$secs" "$@" > "$log" 2>&1
+  local rc=$?
+  echo "rc=$rc" >> "$log"
+  tail -n 3 "$log"
+  [ "$rc" -eq 0 ] || status=1
+}
+for part in "$@"; do
+  case $part in
+    stateful)
+      run 380 "$out/tests-stateful-cuda.log" "$py" -m pytest -q -p no:cacheprovider -m cuda \
+        tests/gpu/test_stateful_cuda.py --durations=0
+      for modes in stateful,stateful-one-lane stateful-one-lane,stateful; do
+        run 100 "$out/stateful-512-${modes%%,*}-first.log" "$py" scripts/bench_stateful.py --codec auk-24k \
+          --streams 512 --modes "$modes" --seconds 5 --timeline --budget-s 90 \
+          --out "$out/stateful-512-${modes%%,*}-first.json"
+      done
+      ;;
+    serving)
+      run 590 "$out/serving.log" bash scripts/serving_capacity_gpu.sh "$out" 1000 512
+      ;;
+    kernels)
+      for repeat in 1 2 3; do
+        run 200 "$out/decode-fp16x3-$repeat.log" "$py" scripts/bench_gpu.py --codec auk-24k --precision fp16x3 \
+          --windows 70 --batches 16 1 --skip engine accuracy plain --budget-s 60 \
+          --out "$out/decode-fp16x3-$repeat.json"
+      done
+      ;;
+    *)
+      echo "unknown part $part: stateful, serving or kernels" >&2
+      exit 2
+      ;;
+  esac
+done
+exit "$status"
