@@ -142,6 +142,13 @@ def test_serve_refuses_cpus_it_may_not_use_before_loading_anything(files: Path) 
     _assert_one_line_mistake(result, "CPUs 100000", "may run on")
 
 
+def test_serve_refuses_an_edge_lane_where_there_are_no_primes_or_flushes(files: Path) -> None:
+    """`serve --edge-lane on` in halo mode: halo windows have no primes or flushes to run beside them."""
+    result = _run("serve", "--codec", "tiny", "--port", "0", "--mode", "halo", "--edge-lane", "on", cwd=files,
+                  timeout=120)  # fmt: skip
+    _assert_one_line_mistake(result, "--edge-lane on", "--mode stateful")
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs Linux")
 def test_loadtest_refuses_server_cpus_that_leave_none_for_its_clients(files: Path) -> None:
     """`loadtest --server-cpus` naming every CPU it may use fails before starting anything."""
