@@ -2,7 +2,7 @@
 # The GPU runs the docs' headline figures come from, one part at a time, each part sized to about ten
 # minutes on a fresh host (Triton compiling included) and each step bounded by `timeout`, so a step that
 # hangs leaves the others' files behind:
-#   stateful  the stateful cuda tests (a log), then 512 real-time streams through StreamDecoder with a
+#   stateful  the stateful cuda tests (two logs), then 512 real-time streams through StreamDecoder with a
 #             stream's primes and flushes in a lane of their own and on the steps' stream, twice, the
 #             order swapped (docs/stateful.md);
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
@@ -19,8 +19,10 @@ export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$out/device.txt" 2>&1
 lscpu 2>/dev/null | grep "Model name" >> "$out/device.txt"
-status=0
-run() {  # run SECONDS LOG COMMAND...: the command's output to LOG, its exit code appended
+failed="$out/failed.txt"
+rm -f "$failed"
+run() {  # run SECONDS LOG COMMAND...: the command's output to LOG, its exit code appended (and a failure
+  # named in failed.txt, which also serves the steps run side by side in the background)
   local secs=$1 log=$2
   shift 2
   echo "== $(date -u +%T) $*"
@@ -28,13 +30,17 @@ run() {  # run SECONDS LOG COMMAND...: the command's output to LOG, its exit cod
   local rc=$?
   echo "rc=$rc" >> "$log"
   tail -n 3 "$log"
-  [ "$rc" -eq 0 ] || status=1
+  [ "$rc" -eq 0 ] || echo "$log" >> "$failed"
 }
 for part in "$@"; do
   case $part in
     stateful)
-      run 380 "$out/tests-stateful-cuda.log" "$py" -m pytest -q -p no:cacheprovider -m cuda \
-        tests/gpu/test_stateful_cuda.py --durations=0
+      for file in test_stateful_cuda test_stateful_bits_cuda; do  # side by side: mostly Triton compiling
+        name=${file#test_}
+        run 380 "$out/tests-${name//_/-}.log" "$py" -m pytest -q -p no:cacheprovider -m cuda \
+          "tests/gpu/$file.py" --durations=0 &
+      done
+      wait
       for modes in stateful,stateful-one-lane stateful-one-lane,stateful; do
         run 100 "$out/stateful-512-${modes%%,*}-first.log" "$py" scripts/bench_stateful.py --codec auk-24k \
           --streams 512 --modes "$modes" --seconds 5 --timeline --budget-s 90 \
@@ -57,4 +63,4 @@ for part in "$@"; do
       ;;
   esac
 done
-exit "$status"
+[ ! -s "$failed" ]
