@@ -38,6 +38,10 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
 
+#: the modes a run may name: the decoder's two, and stateful with one engine setting changed
+_MODES = ("stateful", "halo", "stateful-one-lane", "stateful-primes-held")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--codec", default="auk-24k")
@@ -45,7 +49,8 @@ def main() -> None:
     ap.add_argument("--streams", type=_ints, default=(64, 128, 256, 384, 512, 640))
     ap.add_argument(
         "--modes", default="stateful,halo",
-        help="stateful, halo, and stateful-one-lane (primes and flushes on the steps' CUDA stream)",
+        help="stateful, halo, stateful-one-lane (primes and flushes on the steps' CUDA stream) and "
+             "stateful-primes-held (primes held to --prime-hold-lead-ms before their deadline)",
     )  # fmt: skip
     ap.add_argument("--halo-streams", type=_ints, default=(16, 32, 64, 96, 128))
     ap.add_argument("--seconds", type=float, default=6.0, help="audio per stream")
@@ -67,6 +72,11 @@ def main() -> None:
         help="how long before a deadline held work must be done (the engine's hold_lead)",
     )  # fmt: skip
     ap.add_argument(
+        "--prime-hold-lead-ms", type=float, default=50.0,
+        help="mode stateful-primes-held: how long before its deadline a held prime must be done (the "
+             "engine's prime_hold_lead; the other stateful modes use --hold-lead-ms)",
+    )  # fmt: skip
+    ap.add_argument(
         "--launch-interval-ms", type=float, default=DEFAULT_LAUNCH_INTERVAL_S * 1e3,
         help="the shortest time between two launch rounds (the engine's launch_interval)",
     )  # fmt: skip
@@ -84,6 +94,9 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    unknown = sorted(set(args.modes.split(",")) - set(_MODES))
+    if unknown:
+        ap.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(_MODES)}")
     asyncio.run(_run(args))
 
 
@@ -113,6 +126,7 @@ async def _run(args: argparse.Namespace) -> None:
         engine = DecodeEngine(
             codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets,
             hold_lead=args.hold_lead_ms / 1e3, edge_batch_limit=args.edge_batch_limit,
+            prime_hold_lead=(args.prime_hold_lead_ms if name == "stateful-primes-held" else args.hold_lead_ms) / 1e3,
             max_inflight=args.max_inflight, launch_interval=args.launch_interval_ms / 1e3,
             edge_lane=False if name == "stateful-one-lane" else None,
         )  # fmt: skip

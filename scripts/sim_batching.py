@@ -71,6 +71,7 @@ async def _run(args: argparse.Namespace) -> None:
     engine = simulated_engine(
         codec, cost=SimulatedCost(args.fixed_ms, args.per_frame_ms, replays), max_batch=args.max_batch,
         max_streams=max(args.streams) + 8, hold_lead=args.hold_lead_ms / 1e3,
+        prime_hold_lead=(args.hold_lead_ms if args.prime_hold_lead_ms is None else args.prime_hold_lead_ms) / 1e3,
         edge_batch_limit=args.edge_batch_limit,
     )  # fmt: skip
     settings = ConcurrencySettings(
@@ -126,6 +127,9 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=256)
     ap.add_argument("--replays", default=None, help="a bench_stateful.py result: its GPU's replay times")
     ap.add_argument("--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3)
+    ap.add_argument(
+        "--prime-hold-lead-ms", type=float, default=None, help="primes' own lead (default: --hold-lead-ms)"
+    )
     ap.add_argument("--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3)
     ap.add_argument("--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT)
     ap.add_argument("--stagger", type=float, default=1.0, help="seconds over which the streams start")

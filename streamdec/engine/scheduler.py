@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, TypeVar
 
@@ -233,6 +233,7 @@ class Scheduler(Generic[T]):
         replay_s: Callable[[BucketKey], float | None],
         lead: float,
         device_free_at: float = -math.inf,
+        leads: Mapping[str, float] | None = None,
     ) -> float | None:
         """Seconds to wait before popping so that more work joins the next batch, or None: pop now.
 
@@ -247,6 +248,8 @@ class Scheduler(Generic[T]):
         (real-time streams push a step per chunk period); an arrival also adds replay time, so the start
         moves earlier as the queue grows. The most urgent group goes at once when it fills its largest
         bucket. Where a replay time is unknown (``replay_s`` gives None: nothing measured) nothing is held.
+        ``leads`` gives a kind of work a lead of its own in place of ``lead`` (a prime's deadline is its
+        stream's first audio, not a listener running dry).
         """
         heads = self._heads()
         if not heads:
@@ -263,7 +266,8 @@ class Scheduler(Generic[T]):
                 if seconds is None:
                     return None
                 queued += seconds
-            start = min(start, deadline - lead - queued)
+            own = lead if leads is None else leads.get(kind, lead)
+            start = min(start, deadline - own - queued)
         return None if start <= max(now, device_free_at) else start - now
 
     def drain(self) -> list[T]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,8 @@ from streamdec.cli_errors import UsageError
 from streamdec.codecs import load_codec
 from streamdec.engine import DecodeEngine
 from streamdec.engine.lanes import EDGE, MAIN, BusyUnion, DeviceClock, SlotFences, lane_of
+from streamdec.engine.scheduler import BucketKey
+from streamdec.engine.simulated import SimulatedCost, simulated_engine
 from streamdec.errors import ConfigError
 from streamdec.server.cli import _decoder, configure_serve
 
@@ -194,6 +197,28 @@ def test_serve_edge_lane_flag_reaches_the_engine() -> None:
         lanes("--edge-lane", "on", "--mode", "halo")
     with pytest.raises(UsageError, match="simulated engine models one lane"):
         lanes("--edge-lane", "off", "--engine", "simulated")
+
+
+@pytest.mark.parametrize(("prime_lead", "held_for"), [(None, 0.07), (0.03, 0.03)])
+def test_a_busy_engine_holds_primes_to_their_own_lead(prime_lead: float | None, held_for: float) -> None:
+    """On a busy engine a prime due in 80 ms waits for company until its lead (and its replay) before its
+    deadline: the common 70 ms unless ``prime_hold_lead`` gives primes a lead of their own."""
+    options = {} if prime_lead is None else {"prime_hold_lead": prime_lead}
+    engine = simulated_engine(
+        load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), max_streams=4, edge_lane=True, **options
+    )
+    engine._busy.add(0.0, 1.0)  # the last second all on calls: loaded
+    frames = engine._least_frames["prime"]
+    engine._lanes[EDGE].scheduler.push("prime", frames, deadline=0.08, kind="prime")  # type: ignore[arg-type]
+    replay = engine._replay_s(BucketKey(1, frames, "prime"))
+    assert replay is not None
+    assert engine._ready_lane(0.0) == (None, pytest.approx(0.08 - held_for - replay))
+
+
+@pytest.mark.parametrize("lead", [-0.01, math.nan, math.inf])
+def test_a_prime_lead_must_be_a_finite_number_of_seconds(lead: float) -> None:
+    with pytest.raises(ConfigError, match="prime_hold_lead"):
+        DecodeEngine(load_codec("tiny"), max_streams=4, prime_hold_lead=lead)
 
 
 def test_the_most_urgent_ready_lane_goes_and_a_full_lane_lets_the_other_go() -> None:

@@ -81,26 +81,29 @@ def _replay_s(key: BucketKey) -> float:
         max_size=120,
     ),
     lead=st.floats(0.0, 0.05),
+    prime_lead=st.none() | st.floats(0.0, 0.05),
     busy_for=st.floats(0.0, 0.05),
 )
 def test_hold_ends_in_time_for_every_deadline(
-    work: list[tuple[tuple[str, int], float]], lead: float, busy_for: float
+    work: list[tuple[tuple[str, int], float]], lead: float, prime_lead: float | None, busy_for: float
 ) -> None:
     """For all queues: popping after the hold and replaying back to back (earliest group first, each
-    group's cover in turn), every replay ends ``lead`` before its group's earliest deadline, unless the
-    queue was late already (then there is no hold)."""
+    group's cover in turn), every replay ends its kind's lead (``lead``, or primes' own where given)
+    before its group's earliest deadline, unless the queue was late already (then there is no hold)."""
     s: Scheduler[int] = Scheduler(BUCKETS)
     for i, ((kind, frames), deadline) in enumerate(work):
         s.push(i, frames, deadline, kind=kind)
     now = 0.0
-    wait = s.hold(now, _replay_s, lead, device_free_at=now + busy_for)
+    leads = None if prime_lead is None else {"prime": prime_lead}
+    wait = s.hold(now, _replay_s, lead, device_free_at=now + busy_for, leads=leads)
     t = now + busy_for if wait is None else now + wait
     ends_before_deadline = True
     while (popped := s.pop_batch()) is not None:
         key, items = popped
         t = max(t, now + busy_for) + _replay_s(key)
         due = min(work[i][1] for i in items)
-        ends_before_deadline &= t <= due - lead + 1e-9
+        own = prime_lead if key.kind == "prime" and prime_lead is not None else lead
+        ends_before_deadline &= t <= due - own + 1e-9
     if wait is not None:
         assert wait > 0 and ends_before_deadline
 
@@ -112,6 +115,22 @@ def test_hold_waits_for_more_work_until_the_latest_start() -> None:
         s.push(i, 4, 0.1, kind="step")
     wait = s.hold(0.0, _replay_s, 0.04)
     assert wait == pytest.approx(0.1 - 0.04 - _replay_s(BucketKey(4, 4, "step")))
+
+
+def test_a_kind_with_a_lead_of_its_own_waits_longer_for_company() -> None:
+    """Primes due in 80 ms wait until 80 ms - 70 ms - their replay with the common lead, and 30 ms later
+    with a lead of 40 ms of their own; a step queued beside them keeps the common lead."""
+    s: Scheduler[int] = Scheduler(BUCKETS)
+    for i in range(3):
+        s.push(i, 12, 0.08, kind="prime")
+    prime = _replay_s(BucketKey(4, 12, "prime"))
+    assert s.hold(0.0, _replay_s, 0.07) == pytest.approx(0.08 - 0.07 - prime)
+    assert s.hold(0.0, _replay_s, 0.07, leads={"prime": 0.04}) == pytest.approx(0.08 - 0.04 - prime)
+    s.push(3, 4, 0.09, kind="step")  # due later, but its lead is the common one
+    step = _replay_s(BucketKey(1, 4, "step"))
+    assert s.hold(0.0, _replay_s, 0.07, leads={"prime": 0.04}) == pytest.approx(
+        min(0.08 - 0.04 - prime, 0.09 - 0.07 - prime - step)
+    )
 
 
 def test_hold_pops_at_once_when_due_full_or_unmeasured() -> None:
