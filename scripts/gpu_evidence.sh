@@ -5,15 +5,17 @@
 #   stateful  the stateful cuda tests (two logs), then 512 real-time streams through StreamDecoder with a
 #             stream's primes and flushes in a lane of their own and on the steps' stream, twice, the
 #             order swapped (docs/stateful.md);
+#   primes    512 real-time streams with primes held to a 50 ms lead of their own against the default,
+#             four runs, the order alternating (docs/stateful.md, "Primes with a lead of their own");
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
 #             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
 #   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md).
 # Usage: scripts/gpu_evidence.sh OUT_DIR PART...   (run from the repository root with the package
 # importable: docs/development.md, "On a GPU host")
 set -uo pipefail
-out=${1:?usage: $0 OUT_DIR stateful|serving|kernels ...}
+out=${1:?usage: $0 OUT_DIR stateful|primes|serving|kernels ...}
 shift
-[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|serving|kernels ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|primes|serving|kernels ..." >&2; exit 2; }
 py=${PYTHON:-python3}
 export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -47,6 +49,15 @@ for part in "$@"; do
           --out "$out/stateful-512-${modes%%,*}-first.json"
       done
       ;;
+    primes)
+      for run in 1 2 3 4; do
+        modes=stateful,stateful-primes-held
+        [ $((run % 2)) -eq 1 ] || modes=stateful-primes-held,stateful
+        run 180 "$out/stateful-512-primes-held-$run.log" "$py" scripts/bench_stateful.py --codec auk-24k \
+          --streams 512 --modes "$modes" --seconds 5 --timeline --budget-s 110 --prime-hold-lead-ms 50 \
+          --out "$out/stateful-512-primes-held-$run.json"
+      done
+      ;;
     serving)
       run 590 "$out/serving.log" bash scripts/serving_capacity_gpu.sh "$out" 1000 512
       ;;
@@ -58,7 +69,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "unknown part $part: stateful, serving or kernels" >&2
+      echo "unknown part $part: stateful, primes, serving or kernels" >&2
       exit 2
       ;;
   esac
