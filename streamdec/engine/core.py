@@ -79,6 +79,7 @@ from .graphs import CapturedGraph, GraphTiers, TierOptions, env_flag, static_for
 from .lanes import EDGE, MAIN, BusyUnion, DeviceClock, SlotFences, lane_of
 from .output import DecodedAudio
 from .scheduler import BucketKey, CostFn, Scheduler, Ticket, linear_cost
+from .simdevice import SharedDevice
 from .simulated import SimulatedCost, SimulatedTier, bucket_seconds
 from .slots import SlotAllocator, StatePool
 
@@ -383,7 +384,9 @@ class DecodeEngine(Engine):
         # which lane last wrote each slot's state, and when that call ends (device thread only)
         self._fences: SlotFences[torch.cuda.Event] = SlotFences(max_streams)
         self._busy_union = BusyUnion(len(self._lanes))
-        self._clock: DeviceClock[torch.cuda.Event] | None = None  # both lanes' call times on one clock
+        # both lanes' call times on one clock (CUDA events, or a modelled device's)
+        self._clock: DeviceClock[Any] | None = None
+        self._sim_device: SharedDevice | None = None  # a simulated engine's modelled device with lanes
         self._pad_cpu = pad.to("cpu", torch.float32)
         self._stats = EngineStats()
         # the latest device calls, for benchmarks' timelines (a few per replay period: minutes of them)
@@ -426,12 +429,16 @@ class DecodeEngine(Engine):
         torch.set_num_threads(min(self._saved_threads, self.cpu_threads))
         if self.simulated is None:
             self._start_tiers()
+        if self.simulated is not None and self.simulated.overlap is not None:
+            self._sim_device = SharedDevice(self.simulated.overlap)
+            if len(self._lanes) > 1:
+                self._clock = DeviceClock(self._sim_device.origin())
         loop = asyncio.get_running_loop()
         host = HostCompleter()  # a call on the host is complete when it returns: no thread to wait on it
         for lane in self._lanes:
             if self.completion == "poll":
                 lane.completer = PollCompleter(loop, self.poll_interval)
-            elif self.device.type == "cuda":
+            elif self.device.type == "cuda" or self._sim_device is not None:
                 lane.completer = ThreadCompleter()  # one a lane: each completes its calls in launch order
             else:
                 lane.completer = host
@@ -513,6 +520,8 @@ class DecodeEngine(Engine):
             await asyncio.to_thread(completer.close)
             if isinstance(completer, PollCompleter):
                 await completer.wait_closed()
+        if self._sim_device is not None:  # after the completers, which wait for its calls
+            await asyncio.to_thread(self._sim_device.close)
         if self._saved_threads is not None:
             torch.set_num_threads(self._saved_threads)
 
@@ -884,7 +893,7 @@ class DecodeEngine(Engine):
     def _device_call(self, lane: _Lane, key: BucketKey, live: list[_Pending]) -> tuple[Inflight, str]:
         if self.simulated is not None:
             lo, hi, waiters = self._waiters(key, live)
-            return self._simulated_call(key, live, waiters, lo, hi), "simulated"
+            return self._simulated_call(lane, key, live, waiters, lo, hi), "simulated"
         tiers = self.tiers
         frozen_miss = tiers.is_frozen_miss(key)
         graph = tiers.lookup(key)  # may capture (not frozen) or raise CaptureFrozenError
@@ -995,20 +1004,26 @@ class DecodeEngine(Engine):
         return self._host_inflight(out, waiters, began)
 
     def _simulated_call(
-        self, key: BucketKey, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int
+        self, lane: _Lane, key: BucketKey, live: list[_Pending], waiters: list[Waiter], lo: int, hi: int
     ) -> Inflight:
         tier = self.simulated
         assert tier is not None
         began = time.perf_counter()
         x = torch.stack([p.request.latents for p in live])  # [rows, frames, D]
         modelled = bucket_seconds(tier.cost, key, len(live))  # the live rows of this bucket
+        device = self._sim_device
+        sleep = 0.0 if device is not None else modelled  # a modelled device with lanes keeps the time itself
         if key.kind == "window":
-            out = tier.windows(x, lo // self.hop, hi // self.hop, seconds=modelled)
+            out = tier.windows(x, lo // self.hop, hi // self.hop, seconds=sleep)
         else:
             # the slots in numpy, which the stand-in reads: no tensor made only to be read back
             slots = np.array([p.request.slot for p in live], dtype=np.int64)  # type: ignore[union-attr]
-            out = tier.call(key.kind, slots, x, seconds=modelled)
-        item = self._host_inflight(out, waiters, began)
+            out = tier.call(key.kind, slots, x, seconds=sleep)
+        if device is not None:
+            start, end = device.launch(lane.index, modelled)
+            item = Inflight(out, waiters, end, start, owned=True)  # type: ignore[arg-type]
+        else:
+            item = self._host_inflight(out, waiters, began)
         item.extra["modelled_s"] = modelled
         return item
 

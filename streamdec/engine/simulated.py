@@ -193,6 +193,9 @@ class SimulatedTier:
     slots: int = 0
     right_frames: int = 0
     sleep: Callable[[float], None] = time.sleep
+    #: where given, calls run on a :class:`~.simdevice.SharedDevice` with these shares of speed while both
+    #: lanes run (the engine then waits for them as for a GPU's) instead of sleeping on the device thread
+    overlap: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         self.period = sine_period(self.hop)
@@ -265,13 +268,16 @@ def simulated_engine(
     max_batch: int = 256,
     max_streams: int = 0,
     sleep: Callable[[float], None] = time.sleep,
+    overlap: tuple[float, float] | None = None,
     **options: Any,
 ) -> DecodeEngine:
     """A :class:`~streamdec.engine.core.DecodeEngine` whose device is simulated (see the module docstring).
 
     ``max_batch`` is the largest batch bucket (the buckets are the powers of two below it, and it);
     ``max_streams`` the stateful slots (0: halo windows only); ``sleep`` waits the modelled cost on the
-    engine's device thread (tests pass one that blocks until released). Other ``options`` go to the engine.
+    engine's device thread (tests pass one that blocks until released). ``overlap``: run the calls on a
+    modelled device whose two lanes (``edge_lane=True``) run at once, each at that share of its speed
+    while the other runs too (:mod:`.simdevice`), instead. Other ``options`` go to the engine.
     """
     from .core import DecodeEngine  # the engine imports this module for its tier
 
@@ -287,4 +293,5 @@ def simulated_engine(
     )
     assert engine.simulated is not None
     engine.simulated.sleep = sleep
+    engine.simulated.overlap = overlap
     return engine
