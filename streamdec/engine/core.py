@@ -873,7 +873,8 @@ class DecodeEngine(Engine):
             self._finished(lane, failed)
             return
         due = min(p.request.deadline for p in live)
-        # a simulated device's time is its model's (what it slept); a GPU's comes from the call's events
+        # a simulated device's time is its model's (what it slept); a GPU's, or a modelled device's with
+        # lanes, comes from the call's events once it has finished (_finished)
         item.extra["call"] = DeviceCall(
             key.kind, key.frames, key.batch, len(live), queued, decided, due, launched, launched,
             item.extra.get("modelled_s"), self._replay_s(key), lane.index,
@@ -1008,7 +1009,7 @@ class DecodeEngine(Engine):
     ) -> Inflight:
         tier = self.simulated
         assert tier is not None
-        began = time.perf_counter()
+        began = time.perf_counter()  # the host's time, for a call slept on this thread
         x = torch.stack([p.request.latents for p in live])  # [rows, frames, D]
         modelled = bucket_seconds(tier.cost, key, len(live))  # the live rows of this bucket
         device = self._sim_device
