@@ -29,6 +29,7 @@ from streamdec.engine.core import (
     DEFAULT_HOLD_LEAD_S,
     DEFAULT_LAUNCH_INTERVAL_S,
     DEFAULT_MAX_INFLIGHT,
+    DEFAULT_PRIME_HOLD_LEAD_S,
 )
 from streamdec.session import FIRST_CALL_DUE_S
 from streamdec.streaming import StreamDecoder
@@ -39,7 +40,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 #: the modes a run may name: the decoder's two, and stateful with one engine setting changed
-_MODES = ("stateful", "halo", "stateful-one-lane", "stateful-primes-held")
+_MODES = ("stateful", "halo", "stateful-one-lane", "stateful-common-lead")
 
 
 def main() -> None:
@@ -50,7 +51,8 @@ def main() -> None:
     ap.add_argument(
         "--modes", default="stateful,halo",
         help="stateful, halo, stateful-one-lane (primes and flushes on the steps' CUDA stream) and "
-             "stateful-primes-held (primes held to --prime-hold-lead-ms before their deadline)",
+             "stateful-common-lead (primes held to --hold-lead-ms, as every other call, instead of their "
+             "own --prime-hold-lead-ms)",
     )  # fmt: skip
     ap.add_argument("--halo-streams", type=_ints, default=(16, 32, 64, 96, 128))
     ap.add_argument("--seconds", type=float, default=6.0, help="audio per stream")
@@ -72,9 +74,9 @@ def main() -> None:
         help="how long before a deadline held work must be done (the engine's hold_lead)",
     )  # fmt: skip
     ap.add_argument(
-        "--prime-hold-lead-ms", type=float, default=50.0,
-        help="mode stateful-primes-held: how long before its deadline a held prime must be done (the "
-             "engine's prime_hold_lead; the other stateful modes use --hold-lead-ms)",
+        "--prime-hold-lead-ms", type=float, default=DEFAULT_PRIME_HOLD_LEAD_S * 1e3,
+        help="how long before its deadline a held prime must be done (the engine's prime_hold_lead; mode "
+             "stateful-common-lead uses --hold-lead-ms)",
     )  # fmt: skip
     ap.add_argument(
         "--launch-interval-ms", type=float, default=DEFAULT_LAUNCH_INTERVAL_S * 1e3,
@@ -126,7 +128,7 @@ async def _run(args: argparse.Namespace) -> None:
         engine = DecodeEngine(
             codec, compile=False, max_streams=slots, batch_buckets=args.batch_buckets,
             hold_lead=args.hold_lead_ms / 1e3, edge_batch_limit=args.edge_batch_limit,
-            prime_hold_lead=(args.prime_hold_lead_ms if name == "stateful-primes-held" else args.hold_lead_ms) / 1e3,
+            prime_hold_lead=(args.hold_lead_ms if name == "stateful-common-lead" else args.prime_hold_lead_ms) / 1e3,
             max_inflight=args.max_inflight, launch_interval=args.launch_interval_ms / 1e3,
             edge_lane=False if name == "stateful-one-lane" else None,
         )  # fmt: skip

@@ -5,8 +5,8 @@
 #   stateful  the stateful cuda tests (two logs), then 512 real-time streams through StreamDecoder with a
 #             stream's primes and flushes in a lane of their own and on the steps' stream, twice, the
 #             order swapped (docs/stateful.md);
-#   primes    512 real-time streams with primes held to a 50 ms lead of their own against the default,
-#             four runs, the order alternating (docs/stateful.md, "Primes with a lead of their own");
+#   primes    512 real-time streams with primes held to their own lead (the default) against the steps'
+#             lead, four runs, the order alternating (docs/stateful.md, "Primes with a lead of their own");
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
 #             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
 #   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md).
@@ -51,11 +51,11 @@ for part in "$@"; do
       ;;
     primes)
       for run in 1 2 3 4; do
-        modes=stateful,stateful-primes-held
-        [ $((run % 2)) -eq 1 ] || modes=stateful-primes-held,stateful
-        run 180 "$out/stateful-512-primes-held-$run.log" "$py" scripts/bench_stateful.py --codec auk-24k \
-          --streams 512 --modes "$modes" --seconds 5 --timeline --budget-s 110 --prime-hold-lead-ms 50 \
-          --out "$out/stateful-512-primes-held-$run.json"
+        modes=stateful,stateful-common-lead
+        [ $((run % 2)) -eq 1 ] || modes=stateful-common-lead,stateful
+        run 180 "$out/stateful-512-prime-lead-$run.log" "$py" scripts/bench_stateful.py --codec auk-24k \
+          --streams 512 --modes "$modes" --seconds 5 --timeline --budget-s 110 \
+          --out "$out/stateful-512-prime-lead-$run.json"
       done
       ;;
     serving)

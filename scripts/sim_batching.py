@@ -35,7 +35,7 @@ from streamdec.bench.common import Budget, Latents, Progress
 from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import environment
 from streamdec.codecs import load_codec
-from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S
+from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S, DEFAULT_PRIME_HOLD_LEAD_S
 from streamdec.engine.simulated import ReplayTable, SimulatedCost, SimulatedTier, simulated_engine
 from streamdec.session import FIRST_CALL_DUE_S
 
@@ -71,7 +71,7 @@ async def _run(args: argparse.Namespace) -> None:
     engine = simulated_engine(
         codec, cost=SimulatedCost(args.fixed_ms, args.per_frame_ms, replays), max_batch=args.max_batch,
         max_streams=max(args.streams) + 8, hold_lead=args.hold_lead_ms / 1e3,
-        prime_hold_lead=(args.hold_lead_ms if args.prime_hold_lead_ms is None else args.prime_hold_lead_ms) / 1e3,
+        prime_hold_lead=args.prime_hold_lead_ms / 1e3,
         edge_batch_limit=args.edge_batch_limit, overlap=args.overlap, edge_lane=args.edge_lane,
     )  # fmt: skip
     settings = ConcurrencySettings(
@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--replays", default=None, help="a bench_stateful.py result: its GPU's replay times")
     ap.add_argument("--hold-lead-ms", type=float, default=DEFAULT_HOLD_LEAD_S * 1e3)
     ap.add_argument(
-        "--prime-hold-lead-ms", type=float, default=None, help="primes' own lead (default: --hold-lead-ms)"
+        "--prime-hold-lead-ms", type=float, default=DEFAULT_PRIME_HOLD_LEAD_S * 1e3, help="primes' own lead"
     )
     ap.add_argument("--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3)
     ap.add_argument("--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT)

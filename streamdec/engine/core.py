@@ -88,6 +88,7 @@ __all__ = [
     "DEFAULT_HOLD_LEAD_S",
     "DEFAULT_LAUNCH_INTERVAL_S",
     "DEFAULT_MAX_INFLIGHT",
+    "DEFAULT_PRIME_HOLD_LEAD_S",
     "DEFAULT_STEP_FRAME_BUDGET",
     "DEFAULT_WINDOW_BATCH_LIMIT",
     "DecodeEngine",
@@ -100,6 +101,13 @@ __all__ = [
 #: more to reach their streams); at 70 ms 320 held and 448 lost 4 tiles by at most 2 ms
 #: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json)
 DEFAULT_HOLD_LEAD_S = 0.07
+#: the same for stateful primes, whose deadline is their stream's first audio rather than a listener running
+#: dry, and which the edge lane keeps from queueing behind a step. Against 70 ms, on an H100 at 512
+#: real-time streams, four runs each way alternating: primes 3.3-3.6 -> 4.6-4.7 a replay, device time
+#: 0.00189-0.00190 -> 0.00184-0.00186 s per audio s, p99 first audio 43-55 -> 55-59 ms, every run held; a
+#: 30 ms lead saved no more and took p99 first audio to 60-75 ms
+#: (bench/results/h100/stateful-512-prime-lead-*.json)
+DEFAULT_PRIME_HOLD_LEAD_S = 0.05
 #: the shortest time between two launch rounds (see DecodeEngine's ``launch_interval``). Each device call
 #: costs the host 60-90 us of Python on the device thread, under the interpreter lock the event loop needs,
 #: and a hand-off back to the loop; launched as they came, 1,000 real-time streams on a zero-cost device
@@ -228,12 +236,13 @@ class DecodeEngine(Engine):
       host's per-call work (staging, hand-offs between the device thread and the loop), which a device
       that answers fast would otherwise multiply. An idle engine launches the first request at once.
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
-    * ``prime_hold_lead`` - ``hold_lead`` for stateful primes (default the same 0.07; consulted where
+    * ``prime_hold_lead`` - ``hold_lead`` for stateful primes (default 0.05; consulted where
       ``hold_lead`` is not None). A stream's first call is due 80 ms after it is made
-      (``StreamDecoder(first_call_due=...)``), so with the 70 ms lead a prime waits at most about 10 ms
-      for others to share its replay, and at 512 real-time streams starting within a second primes went
-      out 3 to 4 a replay. A prime's deadline is its stream's first audio, not a listener running dry,
-      and on the edge lane it no longer queues behind a step, which part of the lead allows for.
+      (``StreamDecoder(first_call_due=...)``), so with the steps' 70 ms lead a prime would wait at most
+      about 10 ms for others to share its replay: at 512 real-time streams starting within a second
+      primes went out 3 to 5 a replay. A prime's deadline is its stream's first audio, not a listener
+      running dry, and on the edge lane it no longer queues behind a step, which part of the lead allows
+      for (``DEFAULT_PRIME_HOLD_LEAD_S`` says what the shorter lead measured).
     * ``edge_lane`` - primes and flushes in a lane of their own (:mod:`.lanes`): on a GPU they replay on
       a second CUDA stream, at higher priority, beside the steps; on a host device they only queue apart.
       Default: on where the device is a GPU and the engine keeps slots. Needs ``max_streams``.
@@ -272,7 +281,7 @@ class DecodeEngine(Engine):
         launch_interval: float = DEFAULT_LAUNCH_INTERVAL_S,
         edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
         edge_lane: bool | None = None,
-        prime_hold_lead: float = DEFAULT_HOLD_LEAD_S,
+        prime_hold_lead: float = DEFAULT_PRIME_HOLD_LEAD_S,
         step_frame_budget: int = DEFAULT_STEP_FRAME_BUDGET,
         batch_buckets: Iterable[int] | None = None,
         graphs: bool = True,
