@@ -9,13 +9,16 @@
 #             lead, four runs, the order alternating (docs/stateful.md, "Primes with a lead of their own");
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
 #             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
-#   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md).
+#   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md);
+#   convs     where the kernels' time goes: every convolution call of a 256 x 4 step at each launch shape,
+#             both orientations for layers of up to 96 channels, and the kernel tables of 1 x 70 and
+#             16 x 70 decodes (docs/kernels.md, "Open work").
 # Usage: scripts/gpu_evidence.sh OUT_DIR PART...   (run from the repository root with the package
 # importable: docs/development.md, "On a GPU host")
 set -uo pipefail
-out=${1:?usage: $0 OUT_DIR stateful|primes|serving|kernels ...}
+out=${1:?usage: $0 OUT_DIR stateful|primes|serving|kernels|convs ...}
 shift
-[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|primes|serving|kernels ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|primes|serving|kernels|convs ..." >&2; exit 2; }
 py=${PYTHON:-python3}
 export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -68,8 +71,16 @@ for part in "$@"; do
           --out "$out/decode-fp16x3-$repeat.json"
       done
       ;;
+    convs)
+      run 330 "$out/step-convs-256x4.log" "$py" scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 \
+        --variants channels_n --channels-n-max 96 --out "$out/step-convs-256x4.json"
+      for batch in 1 16; do
+        run 150 "$out/profile-fp16x3-${batch}x70.log" "$py" scripts/profile_decode.py --codec auk-24k --compiled \
+          --batch "$batch" --frames 70 --precisions fp16x3 --rows 40 --out "$out/profile-fp16x3-${batch}x70.txt"
+      done
+      ;;
     *)
-      echo "unknown part $part: stateful, primes, serving or kernels" >&2
+      echo "unknown part $part: stateful, primes, serving, kernels or convs" >&2
       exit 2
       ;;
   esac
