@@ -248,7 +248,10 @@ def main() -> None:
                 "bucket": name, "calls": sum(r["count"] for r in rows), "distinct": len(rows),
                 "default_ms": default_ms, "best_per_call_ms": best_ms, "layers": rows,
             }  # fmt: skip
-            line = f"{name}: convolutions {default_ms:.2f} ms at the default launches, {best_ms:.2f} at each call's best"
+            line = (  # the baseline puts every layer's channels along M; --variants channels_n adds the planned sum
+                f"{name}: convolutions {default_ms:.2f} ms at the default launches with output channels along M, "
+                f"{best_ms:.2f} at each call's best"
+            )
             for variant in args.variants:  # a call the variant does not apply to counts at the baseline
                 summary[f"{variant}_ms"] = sum(r.get(f"{variant}_ms", r["ms"]) * r["count"] for r in rows)
                 summary[f"{variant}_bits_equal"] = all(r.get(f"{variant}_bits_equal", True) for r in rows)
