@@ -856,8 +856,8 @@ class DecodeEngine(Engine):
             self._rouse()
 
     def _span(self, item: Inflight, call: DeviceCall | None) -> tuple[float, float] | None:
-        """When a GPU call began and ended, in seconds on the lanes' one clock, where there is more than
-        one lane to set it against; None otherwise."""
+        """When a call on a GPU, or on a modelled device with lanes, began and ended, in seconds on the
+        lanes' one clock, where there is more than one lane to set it against; None otherwise."""
         if self._clock is None or item.began is None or item.done is None or call is None:
             return None
         return self._clock.span(item.began, item.done, call.launched, time.monotonic())
