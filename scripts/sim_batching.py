@@ -18,6 +18,9 @@ lead, first-call due, edge batch limit and stagger, named as ``bench_stateful.py
 scheduling choices side by side (a 2-core host carries 384 streams here, not 512):
 
     python3 scripts/sim_batching.py --streams 384 --replays bench/results/h100/stateful-512-fused-calls-2.json
+
+It also times the scheduler's cover planning, which runs under the engine's lock before every call and
+in every hold, so a call waits for it: the total, the number of plans and the longest (``planning``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import asyncio
 import collections
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ from streamdec.bench.common import Budget, Latents, Progress
 from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import environment
 from streamdec.codecs import load_codec
+from streamdec.engine import scheduler
 from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S, DEFAULT_PRIME_HOLD_LEAD_S
 from streamdec.engine.simulated import ReplayTable, SimulatedCost, SimulatedTier, simulated_engine
 from streamdec.session import FIRST_CALL_DUE_S
@@ -61,10 +66,29 @@ def _count_calls(
     SimulatedTier.call = call  # type: ignore[method-assign,assignment]
 
 
+def _time_planning(planning: dict[str, float]) -> None:
+    """Wrap the scheduler's cover planning so its total seconds, plans and longest plan are recorded."""
+    original = scheduler.Scheduler._cover
+
+    def cover(self: scheduler.Scheduler[Any], kind: str, frames: int, count: int) -> list[int]:
+        began = time.perf_counter()
+        try:
+            return original(self, kind, frames, count)
+        finally:
+            took = time.perf_counter() - began
+            planning["s"] += took
+            planning["plans"] += 1
+            planning["longest_s"] = max(planning["longest_s"], took)
+
+    scheduler.Scheduler._cover = cover  # type: ignore[method-assign]
+
+
 async def _run(args: argparse.Namespace) -> None:
     calls: collections.Counter[tuple[str, int]] = collections.Counter()
     rows: collections.Counter[tuple[str, int]] = collections.Counter()
     _count_calls(calls, rows)
+    planning = {"s": 0.0, "plans": 0, "longest_s": 0.0}
+    _time_planning(planning)
     codec = load_codec(args.codec, device="cpu", dtype=torch.float32)
     measured = json.loads(Path(args.replays).read_text()) if args.replays else None
     replays = ReplayTable.from_warmup(measured["modes"]["stateful"]["warmup"]) if measured else None
@@ -93,6 +117,7 @@ async def _run(args: argparse.Namespace) -> None:
             "settings": vars(args),
             "replays": None if measured is None else {"from": args.replays, "device": measured.get("device")},
             "sweep": out,
+            "planning": planning,
         }
         Path(args.out).write_text(json.dumps(record, indent=1))
     whole = measured["whole_clip"]["32"]["device_s_per_audio_s"] if measured else None
@@ -115,6 +140,10 @@ async def _run(args: argparse.Namespace) -> None:
                 + ", ".join(f"{k} {v:.3f}" for k, v in kinds.items())
                 + ")"
             )
+    print(
+        f"cover planning under the engine's lock: {planning['s'] * 1e3:.1f} ms in {planning['plans']:.0f} plans, "
+        f"the longest {planning['longest_s'] * 1e3:.2f} ms"
+    )
     for key in sorted(calls):
         print(
             f"{key[0]:5s} {key[1]:2d} frames: {calls[key]:5d} calls, {rows[key] / calls[key]:6.1f} rows each"

@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_BATCH_BUCKETS",
     "BucketKey",
     "CostFn",
+    "CoverTable",
     "Scheduler",
     "Ticket",
     "linear_cost",
@@ -42,8 +43,9 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-#: covers remembered per scheduler before the memo starts afresh (each is a few small ints)
-_COVER_MEMO_LIMIT = 4096
+#: cover tables (one per kind and frames) kept per scheduler before they start afresh: each holds an
+#: entry per count up to ``max_cover_windows``, and halo windows come in as many lengths as the planner makes
+_COVER_TABLE_LIMIT = 64
 
 T = TypeVar("T")
 
@@ -98,24 +100,49 @@ def plan_cover(count: int, buckets: Sequence[int], cost: Callable[[int], float])
     ``buckets`` is sorted ascending. Ties prefer fewer padded rows, then fewer replays.
     ``plan_cover(17, (1, 2, 4, 8, 16, 32), lambda b: b + 4) == [16, 1]``.
     """
-    if count <= 0:
-        return []
-    # best[n] = (total cost, padded rows, replays, bucket taken last) to cover n windows.
-    inf = (float("inf"), 0, 0, 0)
-    best: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)] + [inf] * count
-    for n in range(1, count + 1):
-        for b in buckets:
-            rest = max(0, n - b)
-            c, pad, replays, _ = best[rest]
-            candidate = (c + cost(b), pad + max(0, b - n), replays + 1, b)
-            if candidate[:3] < best[n][:3]:
-                best[n] = candidate
-    cover, n = [], count
-    while n > 0:
-        b = best[n][3]
-        cover.append(b)
-        n = max(0, n - b)
-    return sorted(cover, reverse=True)
+    return CoverTable(buckets, [cost(b) for b in buckets]).cover(count)
+
+
+class CoverTable:
+    """:func:`plan_cover` for one set of buckets and costs, at every count, each count planned once.
+
+    The dynamic programme's entry for ``n`` windows depends only on the entries below ``n``, so one table,
+    extended as larger counts come, answers every count: a cover is then a walk of a few entries, where
+    planning each count afresh costs ``O(count x buckets)`` Python steps (15 ms for 1,000 windows and ten
+    buckets on a 2-core host), paid again for every count a growing queue passes through.
+    """
+
+    __slots__ = ("_best", "_buckets", "_costs")
+
+    def __init__(self, buckets: Sequence[int], costs: Sequence[float]) -> None:
+        self._buckets = tuple(buckets)
+        self._costs = tuple(costs)
+        # best[n] = (total cost, padded rows, replays, bucket taken last) to cover n windows
+        self._best: list[tuple[float, int, int, int]] = [(0.0, 0, 0, 0)]
+
+    def cover(self, count: int) -> list[int]:
+        """The cover of ``count`` windows (``[]`` for none), largest bucket first."""
+        best = self._best
+        if count >= len(best):
+            self._extend(count)
+        cover, n = [], count
+        while n > 0:
+            b = best[n][3]
+            cover.append(b)
+            n = max(0, n - b)
+        cover.sort(reverse=True)
+        return cover
+
+    def _extend(self, count: int) -> None:
+        best, pairs = self._best, tuple(zip(self._buckets, self._costs, strict=True))
+        for n in range(len(best), count + 1):
+            chosen = (math.inf, 0, 0, 0)
+            for b, cost in pairs:
+                c, pad, replays, _ = best[max(0, n - b)]
+                candidate = (c + cost, pad + max(0, b - n), replays + 1, b)
+                if candidate[:3] < chosen[:3]:
+                    chosen = candidate
+            best.append(chosen)
 
 
 @dataclass(eq=False)
@@ -158,10 +185,9 @@ class Scheduler(Generic[T]):
         self._live: dict[tuple[str, int], int] = {}  # (kind, frames) -> live tickets in that group
         self._seq = itertools.count()
         self.pending = 0
-        # (kind, frames, count) -> cover. The dynamic programme costs O(count x buckets) Python steps
-        # (70 ms for 1,024 windows and 9 buckets on a loaded 2-core host), run under the engine's lock
-        # before every replay; at a steady load the same counts recur, so each is planned once.
-        self._covers: dict[tuple[str, int, int], list[int]] = {}
+        # (kind, frames) -> the cover of every count, planned once: a cover is planned under the engine's
+        # lock before every replay and in every hold.
+        self._covers: dict[tuple[str, int], CoverTable] = {}
 
     def push(self, payload: T, frames: int, deadline: float, kind: str = "window") -> Ticket[T]:
         """Queue work of ``frames`` latent frames due at ``deadline`` (smaller is more urgent)."""
@@ -205,20 +231,18 @@ class Scheduler(Generic[T]):
         return BucketKey(batch, frames, kind), taken
 
     def forget_plans(self) -> None:
-        """Drop remembered covers: call after ``cost`` changed (e.g. warm-up measured replays)."""
+        """Drop planned covers: call after ``cost`` changed (e.g. warm-up measured replays)."""
         self._covers.clear()
 
     def _cover(self, kind: str, frames: int, count: int) -> list[int]:
-        key = (kind, frames, count)
-        cover = self._covers.get(key)
-        if cover is None:
-            if len(self._covers) >= _COVER_MEMO_LIMIT:
+        table = self._covers.get((kind, frames))
+        if table is None:
+            if len(self._covers) >= _COVER_TABLE_LIMIT:
                 self._covers.clear()
-            cover = plan_cover(
-                count, self.buckets_for(kind, frames), lambda b: self.cost(BucketKey(b, frames, kind))
-            )
-            self._covers[key] = cover
-        return cover
+            buckets = self.buckets_for(kind, frames)
+            table = CoverTable(buckets, [self.cost(BucketKey(b, frames, kind)) for b in buckets])
+            self._covers[(kind, frames)] = table
+        return table.cover(count)
 
     def buckets_for(self, kind: str, frames: int) -> tuple[int, ...]:
         """The batch buckets work of ``kind`` and ``frames`` may use."""

@@ -15,7 +15,14 @@ from torch import Tensor, nn
 from streamdec.codecs import load_codec
 from streamdec.engine.base import WindowRequest
 from streamdec.engine.core import BusyMeter, DecodeEngine, default_batch_buckets
-from streamdec.engine.scheduler import BucketKey, Scheduler, linear_cost, normalise_buckets, plan_cover
+from streamdec.engine.scheduler import (
+    BucketKey,
+    CoverTable,
+    Scheduler,
+    linear_cost,
+    normalise_buckets,
+    plan_cover,
+)
 from streamdec.errors import ConfigError, EngineClosedError, ShapeError
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -52,6 +59,22 @@ def test_plan_cover_always_covers(count: int, overhead: float) -> None:
     assert sum(cover) >= count
     assert cover == sorted(cover, reverse=True)
     assert sum(cover) - cover[-1] < count  # no bucket in it is wholly padding
+
+
+@given(
+    st.lists(st.integers(1, 600), min_size=1, max_size=10, unique=True).map(sorted),
+    st.lists(st.floats(0.0, 100.0), min_size=10, max_size=10),
+    st.lists(st.integers(0, 1200), min_size=1, max_size=20),
+)
+def test_cover_table_plans_every_count_as_afresh(
+    buckets: list[int], extra: list[float], counts: list[int]
+) -> None:
+    """One table asked for counts in any order (growing, shrinking, repeated) gives each count the cover
+    planned for it alone, so the scheduler's one table a group changes no replay it picks."""
+    costs = dict(zip(buckets, (b + e for b, e in zip(buckets, extra, strict=False)), strict=False))
+    table = CoverTable(buckets, [costs[b] for b in buckets])
+    for count in counts:
+        assert table.cover(count) == plan_cover(count, buckets, costs.__getitem__)
 
 
 def test_normalise_buckets_refuses_empty_and_zero() -> None:
