@@ -5,8 +5,8 @@
 #   stateful  the stateful cuda tests (two logs), then 512 real-time streams through StreamDecoder with a
 #             stream's primes and flushes in a lane of their own and on the steps' stream, twice, the
 #             order swapped (docs/stateful.md);
-#   primes    512 real-time streams with primes held to their own lead (the default) against the steps'
-#             lead, four runs, the order alternating (docs/stateful.md, "Primes with a lead of their own");
+#   leads     512 real-time streams with work held to the default 50 ms lead against 70 ms, four runs,
+#             the order alternating (docs/stateful.md, "The steps' lead");
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
 #             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
 #   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md);
@@ -16,9 +16,9 @@
 # Usage: scripts/gpu_evidence.sh OUT_DIR PART...   (run from the repository root with the package
 # importable: docs/development.md, "On a GPU host")
 set -uo pipefail
-out=${1:?usage: $0 OUT_DIR stateful|primes|serving|kernels|convs ...}
+out=${1:?usage: $0 OUT_DIR stateful|leads|serving|kernels|convs ...}
 shift
-[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|primes|serving|kernels|convs ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|leads|serving|kernels|convs ..." >&2; exit 2; }
 py=${PYTHON:-python3}
 export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -52,13 +52,14 @@ for part in "$@"; do
           --out "$out/stateful-512-${modes%%,*}-first.json"
       done
       ;;
-    primes)
-      for run in 1 2 3 4; do
-        modes=stateful,stateful-common-lead
-        [ $((run % 2)) -eq 1 ] || modes=stateful-common-lead,stateful
-        run 180 "$out/stateful-512-prime-lead-$run.log" "$py" scripts/bench_stateful.py --codec auk-24k \
-          --streams 512 --modes "$modes" --seconds 5 --timeline --budget-s 110 \
-          --out "$out/stateful-512-prime-lead-$run.json"
+    leads)
+      for run in 1 2 3 4; do  # the order alternating: 50 70 70 50
+        for lead in 50 70; do
+          [ $((run % 2)) -eq 1 ] || lead=$((120 - lead))
+          run 150 "$out/stateful-512-step-lead-$lead-$run.log" "$py" scripts/bench_stateful.py --codec auk-24k \
+            --streams 512 --modes stateful --seconds 5 --timeline --budget-s 110 --hold-lead-ms "$lead" \
+            --out "$out/stateful-512-step-lead-$lead-$run.json"
+        done
       done
       ;;
     serving)
@@ -80,7 +81,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "unknown part $part: stateful, primes, serving, kernels or convs" >&2
+      echo "unknown part $part: stateful, leads, serving, kernels or convs" >&2
       exit 2
       ;;
   esac

@@ -28,7 +28,7 @@ sends each ``min_emit`` frames as soon as they arrive, so while the engine keeps
 whole prebuffer early: the margin is half the prebuffer. A halo stream holds ready frames back to decode
 larger windows until ``decode time + FlushPolicy.margin_s`` before its listener runs dry, so it aims for
 ``margin_s`` (40 ms): the margin is half that. On a GPU the engine itself holds queued calls of a busy
-device until ``hold_lead`` (70 ms) before their deadlines, to batch them (``DecodeEngine``): its replays
+device until ``hold_lead`` (50 ms) before their deadlines, to batch them (``DecodeEngine``): its replays
 take a fraction of a chunk period, so under load every tile arrives about ``hold_lead`` early by design,
 and a stream's aim is at most that (:func:`engine_hold_lead`). On the CPU the probe keeps the margin of the
 prebuffer: admission there was verified under load with it (``docs/serving-capacity.md``), and the rest of

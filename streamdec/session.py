@@ -65,7 +65,7 @@ MIN_PULL_WAIT_S = 0.001
 #: how long after it is submitted a stream's first call is due: a busy device batches the first calls
 #: of streams that start together instead of replaying each alone ahead of every step (one replay each
 #: for 256 streams starting within a second kept an H200 busy and made every stream under-run once);
-#: with the engine's 70 ms lead the first tile then comes within about 10 ms plus a replay
+#: with the engine's 50 ms lead for first calls the first tile then comes within about 30 ms plus a replay
 FIRST_CALL_DUE_S = 0.08
 
 

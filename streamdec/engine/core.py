@@ -96,13 +96,16 @@ __all__ = [
 ]
 
 #: how long before its deadline a replay must end, however few rows it fills: the trip to the listener,
-#: the event loop's lag, and the replay a late decision queues behind. 40 ms let 320 real-time streams
-#: under-run on an H200 (the engine itself missed its deadlines by up to 5 ms, and tiles then took a few
-#: more to reach their streams); at 70 ms 320 held and 448 lost 4 tiles by at most 2 ms
-#: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json)
-DEFAULT_HOLD_LEAD_S = 0.07
+#: the event loop's lag, and the replay a late decision queues behind. On an H100 at 512 real-time
+#: streams, six runs each way in turn: 50 ms held in six, 0.00180-0.00182 device s per audio s (mean batch
+#: 93-96, p99 first audio 55-76 ms); 70 ms held in five (in the sixth every stream under-ran at once, in
+#: one stall of the process), 0.00185-0.00188 (mean batch 77-89); 40 ms held in two of two
+#: (bench/results/h100/stateful-512-step-lead-*.json). On an H200, with a scheduler whose cover planning
+#: could stall a call for milliseconds, 40 ms let 320 streams under-run and 70 ms held them
+#: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json).
+DEFAULT_HOLD_LEAD_S = 0.05
 #: the same for stateful primes, whose deadline is their stream's first audio rather than a listener running
-#: dry, and which the edge lane keeps from queueing behind a step. Against 70 ms, on an H100 at 512
+#: dry, and which the edge lane keeps from queueing behind a step. Against the steps' lead then, 70 ms, on an H100 at 512
 #: real-time streams, four runs each way alternating: primes 3.3-3.6 -> 4.6-4.7 a replay, device time
 #: 0.00189-0.00190 -> 0.00184-0.00186 s per audio s, p99 first audio 43-55 -> 55-59 ms, every run held; a
 #: 30 ms lead saved no more and took p99 first audio to 60-75 ms
@@ -238,11 +241,10 @@ class DecodeEngine(Engine):
     * ``edge_batch_limit`` - the largest batch bucket of stateful primes and flushes (default 16).
     * ``prime_hold_lead`` - ``hold_lead`` for stateful primes (default 0.05; consulted where
       ``hold_lead`` is not None). A stream's first call is due 80 ms after it is made
-      (``StreamDecoder(first_call_due=...)``), so with the steps' 70 ms lead a prime would wait at most
-      about 10 ms for others to share its replay: at 512 real-time streams starting within a second
-      primes went out 3 to 5 a replay. A prime's deadline is its stream's first audio, not a listener
-      running dry, and on the edge lane it no longer queues behind a step, which part of the lead allows
-      for (``DEFAULT_PRIME_HOLD_LEAD_S`` says what the shorter lead measured).
+      (``StreamDecoder(first_call_due=...)``), so with a 50 ms lead a prime waits at most about 30 ms
+      for others to share its replay. A prime's deadline is its stream's first audio, not a listener
+      running dry, and on the edge lane it does not queue behind a step, which part of the steps' lead
+      allows for: its lead is its own (``DEFAULT_PRIME_HOLD_LEAD_S`` says what it measured).
     * ``edge_lane`` - primes and flushes in a lane of their own (:mod:`.lanes`): on a GPU they replay on
       a second CUDA stream, at higher priority, beside the steps; on a host device they only queue apart.
       Default: on where the device is a GPU and the engine keeps slots. Needs ``max_streams``.

@@ -202,7 +202,7 @@ def test_serve_edge_lane_flag_reaches_the_engine() -> None:
 @pytest.mark.parametrize(("prime_lead", "held_for"), [(None, 0.05), (0.07, 0.07), (0.03, 0.03)])
 def test_a_busy_engine_holds_primes_to_their_own_lead(prime_lead: float | None, held_for: float) -> None:
     """On a busy engine a prime due in 80 ms waits for company until its lead (and its replay) before its
-    deadline: 50 ms by default, shorter than the steps' 70, or what ``prime_hold_lead`` says."""
+    deadline: 50 ms by default, or what ``prime_hold_lead`` says."""
     options = {} if prime_lead is None else {"prime_hold_lead": prime_lead}
     engine = simulated_engine(
         load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), max_streams=4, edge_lane=True, **options
@@ -213,6 +213,21 @@ def test_a_busy_engine_holds_primes_to_their_own_lead(prime_lead: float | None, 
     replay = engine._replay_s(BucketKey(1, frames, "prime"))
     assert replay is not None
     assert engine._ready_lane(0.0) == (None, pytest.approx(0.08 - held_for - replay))
+
+
+@pytest.mark.parametrize(("step_lead", "held_for"), [(None, 0.05), (0.07, 0.07)])
+def test_a_busy_engine_holds_steps_to_the_hold_lead(step_lead: float | None, held_for: float) -> None:
+    """On a busy engine a step waits for company until ``hold_lead`` (and its replay) before its listener
+    runs dry: 50 ms by default."""
+    options = {} if step_lead is None else {"hold_lead": step_lead}
+    engine = simulated_engine(
+        load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), max_streams=4, edge_lane=True, **options
+    )
+    engine._busy.add(0.0, 1.0)  # the last second all on calls: loaded
+    engine._lanes[MAIN].scheduler.push("step", 4, deadline=0.2, kind="step")  # type: ignore[arg-type]
+    replay = engine._replay_s(BucketKey(1, 4, "step"))
+    assert replay is not None
+    assert engine._ready_lane(0.0) == (None, pytest.approx(0.2 - held_for - replay))
 
 
 @pytest.mark.parametrize("lead", [-0.01, math.nan, math.inf])
