@@ -105,8 +105,8 @@ __all__ = [
 #: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json).
 DEFAULT_HOLD_LEAD_S = 0.05
 #: the same for stateful primes, whose deadline is their stream's first audio rather than a listener running
-#: dry, and which the edge lane keeps from queueing behind a step. Against the steps' lead then, 70 ms, on an H100 at 512
-#: real-time streams, four runs each way alternating: primes 3.3-3.6 -> 4.6-4.7 a replay, device time
+#: dry, and which the edge lane keeps from queueing behind a step. Against the steps' lead then, 70 ms, on an
+#: H100 at 512 real-time streams, four runs each way alternating: primes 3.3-3.6 -> 4.6-4.7 a replay, device time
 #: 0.00189-0.00190 -> 0.00184-0.00186 s per audio s, p99 first audio 43-55 -> 55-59 ms, every run held; a
 #: 30 ms lead saved no more and took p99 first audio to 60-75 ms
 #: (bench/results/h100/stateful-512-prime-lead-*.json)
@@ -229,7 +229,7 @@ class DecodeEngine(Engine):
       the event loop's lag). Queued work waits for more to share its replay until the latest start at
       which every queued group, run earliest deadline first after the replays in flight, still ends that
       early (:meth:`.Scheduler.hold`; replay times as measured at warm-up), or until the largest bucket is
-      full (default 0.07; None: dispatch at once). Work is held only while the device spent at least
+      full (default 0.05; None: dispatch at once). Work is held only while the device spent at least
       ``HOLD_BUSY_FRACTION`` of the last second on calls: below that it has time to spare and waiting
       would only add latency. Work due now (whole-clip windows) goes at once.
     * ``launch_interval`` - seconds between the starts of two launch rounds (default 0.002; 0: launch as
