@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 
 import pytest
@@ -75,6 +76,32 @@ def test_cover_table_plans_every_count_as_afresh(
     table = CoverTable(buckets, [costs[b] for b in buckets])
     for count in counts:
         assert table.cover(count) == plan_cover(count, buckets, costs.__getitem__)
+
+
+@given(
+    st.lists(st.integers(1, 16), min_size=1, max_size=4, unique=True).map(sorted),
+    st.lists(st.integers(0, 20), min_size=4, max_size=4),
+    st.integers(0, 40),
+)
+def test_a_cover_is_the_cheapest_found_by_exhaustive_search(
+    buckets: list[int], extra: list[int], count: int
+) -> None:
+    """Against every multiset of buckets that covers ``count``: no cover is cheaper, then pads fewer
+    rows, then replays fewer (whole costs, so sums compare exactly)."""
+    costs = {b: b + e for b, e in zip(buckets, extra, strict=False)}
+    cover = CoverTable(buckets, [costs[b] for b in buckets]).cover(count)
+    assert sum(cover) >= count
+
+    def key(taken: list[int]) -> tuple[int, int, int]:
+        return sum(costs[b] for b in taken), sum(taken) - count, len(taken)
+
+    ranges = [range(-(-count // b) + 1) for b in buckets]
+    best = min(
+        key([b for b, m in zip(buckets, ms, strict=True) for _ in range(m)])
+        for ms in itertools.product(*ranges)
+        if sum(b * m for b, m in zip(buckets, ms, strict=True)) >= count
+    )
+    assert key(cover) == best
 
 
 def test_normalise_buckets_refuses_empty_and_zero() -> None:
