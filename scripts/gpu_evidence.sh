@@ -5,8 +5,8 @@
 #   stateful  the stateful cuda tests (two logs), then 512 real-time streams through StreamDecoder with a
 #             stream's primes and flushes in a lane of their own and on the steps' stream, twice, the
 #             order swapped (docs/stateful.md);
-#   leads     512 real-time streams with work held to the default 50 ms lead against 70 ms, four runs,
-#             the order alternating (docs/stateful.md, "The steps' lead");
+#   leads     512 real-time streams with work held to the default 50 ms lead against 70 ms, four runs
+#             each way, one process a run, the order alternating (docs/stateful.md, "The steps' lead");
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
 #             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
 #   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md);
