@@ -19,8 +19,7 @@ scheduling choices side by side (a 2-core host carries 384 streams here, not 512
 
     python3 scripts/sim_batching.py --streams 384 --replays bench/results/h100/stateful-512-fused-calls-2.json
 
-``--mode halo`` runs halo streams instead, on the fixed and per-frame cost model. It also times the
-scheduler's cover planning, which runs under the engine's lock before every call and
+It also times the scheduler's cover planning, which runs under the engine's lock before every call and
 in every hold, so a call waits for it: the total, the number of plans and the longest (``planning``).
 """
 
@@ -41,12 +40,7 @@ from streamdec.bench.concurrency import ConcurrencySettings, sweep
 from streamdec.bench.meta import environment
 from streamdec.codecs import load_codec
 from streamdec.engine import scheduler
-from streamdec.engine.core import (
-    DEFAULT_EDGE_BATCH_LIMIT,
-    DEFAULT_HOLD_LEAD_S,
-    DEFAULT_PRIME_HOLD_LEAD_S,
-    DEFAULT_WINDOW_HOLD_LEAD_S,
-)
+from streamdec.engine.core import DEFAULT_EDGE_BATCH_LIMIT, DEFAULT_HOLD_LEAD_S, DEFAULT_PRIME_HOLD_LEAD_S
 from streamdec.engine.simulated import ReplayTable, SimulatedCost, SimulatedTier, simulated_engine
 from streamdec.session import FIRST_CALL_DUE_S
 
@@ -100,8 +94,7 @@ async def _run(args: argparse.Namespace) -> None:
     replays = ReplayTable.from_warmup(measured["modes"]["stateful"]["warmup"]) if measured else None
     engine = simulated_engine(
         codec, cost=SimulatedCost(args.fixed_ms, args.per_frame_ms, replays), max_batch=args.max_batch,
-        max_streams=max(args.streams) + 8 if args.mode == "stateful" else 0, hold_lead=args.hold_lead_ms / 1e3,
-        window_hold_lead=args.window_hold_lead_ms / 1e3,
+        max_streams=max(args.streams) + 8, hold_lead=args.hold_lead_ms / 1e3,
         prime_hold_lead=args.prime_hold_lead_ms / 1e3,
         edge_batch_limit=args.edge_batch_limit, overlap=args.overlap, edge_lane=args.edge_lane,
     )  # fmt: skip
@@ -113,7 +106,7 @@ async def _run(args: argparse.Namespace) -> None:
     try:
         out: dict[str, Any] = await sweep(
             codec, engine, settings, websocket=False, latents=Latents(codec.latent_dim, seed=0),
-            budget=Budget(args.budget_s), progress=Progress(len(args.streams), quiet=True), mode=args.mode,
+            budget=Budget(args.budget_s), progress=Progress(len(args.streams), quiet=True), mode="stateful",
         )  # fmt: skip
     finally:
         await engine.aclose()
@@ -134,7 +127,7 @@ async def _run(args: argparse.Namespace) -> None:
             f"mean batch {p['mean_batch']:.1f}, device busy {p['busy_fraction']:.2f}, "
             f"p99 first audio {p['ttfa_ms']['p99']:.0f} ms"
         )
-        if whole and args.mode == "stateful":
+        if whole:
             audio_s = p["streams"] * args.seconds
             by_kind = p.get("device_s_by_kind") or {}
             kinds = {k: s / audio_s / whole for k, s in sorted(by_kind.items())}
@@ -179,16 +172,6 @@ def main() -> None:
     ap.add_argument(
         "--prime-hold-lead-ms", type=float, default=DEFAULT_PRIME_HOLD_LEAD_S * 1e3, help="primes' own lead"
     )
-    ap.add_argument(
-        "--window-hold-lead-ms",
-        type=float,
-        default=DEFAULT_WINDOW_HOLD_LEAD_S * 1e3,
-        help="halo windows' own lead",
-    )
-    ap.add_argument(
-        "--mode", choices=("stateful", "halo"), default="stateful",
-        help="halo: the streams decode halo windows (the device cost model applies; --replays is for steps)",
-    )  # fmt: skip
     ap.add_argument("--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3)
     ap.add_argument("--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT)
     ap.add_argument(

@@ -211,7 +211,6 @@ class StreamServer:
             "slots": [getattr(e, "max_streams", None) for e in engines],
             "hold_lead": [getattr(e, "hold_lead", None) for e in engines],
             "prime_hold_lead": [getattr(e, "prime_hold_lead", None) for e in engines],
-            "window_hold_lead": [getattr(e, "window_hold_lead", None) for e in engines],
             "launch_interval": [getattr(e, "launch_interval", None) for e in engines],
             "lanes": [e.lanes for e in engines],
             "hard_limit": self.admission.hard_limit,

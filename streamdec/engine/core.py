@@ -91,7 +91,6 @@ __all__ = [
     "DEFAULT_PRIME_HOLD_LEAD_S",
     "DEFAULT_STEP_FRAME_BUDGET",
     "DEFAULT_WINDOW_BATCH_LIMIT",
-    "DEFAULT_WINDOW_HOLD_LEAD_S",
     "DecodeEngine",
     "default_batch_buckets",
 ]
@@ -105,12 +104,6 @@ __all__ = [
 #: could stall a call for milliseconds, 40 ms let 320 streams under-run and 70 ms held them
 #: (bench/results/h200/stateful-timeline-lead40.json, -lead70.json).
 DEFAULT_HOLD_LEAD_S = 0.05
-#: the same for halo windows, whose streams already decode them only ``FlushPolicy.margin_s`` (40 ms)
-#: before their listeners run dry, so a held window has less slack than a step. On the simulated device
-#: (auk-24k, the default cost model), 24 real-time halo streams under-ran with 50 ms in two runs of two and
-#: held with 70 ms in both (bench/results/cpu/sim-halo-24-window-lead-*.json); 70 ms is the lead the halo
-#: figures on the H200 were measured with.
-DEFAULT_WINDOW_HOLD_LEAD_S = 0.07
 #: the same for stateful primes, whose deadline is their stream's first audio rather than a listener running
 #: dry, and which the edge lane keeps from queueing behind a step. Against the steps' lead then, 70 ms, on an
 #: H100 at 512 real-time streams, four runs each way alternating: primes 3.3-3.6 -> 4.6-4.7 a replay, device time
@@ -252,9 +245,6 @@ class DecodeEngine(Engine):
       for others to share its replay. A prime's deadline is its stream's first audio, not a listener
       running dry, and on the edge lane it does not queue behind a step, which part of the steps' lead
       allows for: its lead is its own (``DEFAULT_PRIME_HOLD_LEAD_S`` says what it measured).
-    * ``window_hold_lead`` - ``hold_lead`` for halo windows (default 0.07; consulted where ``hold_lead``
-      is not None): a halo stream sends a window only ``FlushPolicy.margin_s`` before its listener runs
-      dry, so its windows can wait less than steps (``DEFAULT_WINDOW_HOLD_LEAD_S``).
     * ``edge_lane`` - primes and flushes in a lane of their own (:mod:`.lanes`): on a GPU they replay on
       a second CUDA stream, at higher priority, beside the steps; on a host device they only queue apart.
       Default: on where the device is a GPU and the engine keeps slots. Needs ``max_streams``.
@@ -294,7 +284,6 @@ class DecodeEngine(Engine):
         edge_batch_limit: int = DEFAULT_EDGE_BATCH_LIMIT,
         edge_lane: bool | None = None,
         prime_hold_lead: float = DEFAULT_PRIME_HOLD_LEAD_S,
-        window_hold_lead: float = DEFAULT_WINDOW_HOLD_LEAD_S,
         step_frame_budget: int = DEFAULT_STEP_FRAME_BUDGET,
         batch_buckets: Iterable[int] | None = None,
         graphs: bool = True,
@@ -327,13 +316,12 @@ class DecodeEngine(Engine):
         if hold_lead is not None and hold_lead < 0:
             raise ConfigError(f"hold_lead must be >= 0 seconds or None, got {hold_lead}")
         self.hold_lead = hold_lead
-        for name, lead in (("prime_hold_lead", prime_hold_lead), ("window_hold_lead", window_hold_lead)):
-            if not (math.isfinite(lead) and lead >= 0):
-                raise ConfigError(f"{name} must be a finite number of seconds >= 0, got {lead}")
+        if not (math.isfinite(prime_hold_lead) and prime_hold_lead >= 0):
+            raise ConfigError(
+                f"prime_hold_lead must be a finite number of seconds >= 0, got {prime_hold_lead}"
+            )
         self.prime_hold_lead = prime_hold_lead
-        self.window_hold_lead = window_hold_lead
-        # the scheduler's lead for a kind of work of its own
-        self._leads = {"prime": prime_hold_lead, "window": window_hold_lead}
+        self._leads = {"prime": prime_hold_lead}  # the scheduler's lead for a kind of work of its own
         if not (math.isfinite(launch_interval) and launch_interval >= 0):
             raise ConfigError(
                 f"launch_interval must be a finite number of seconds >= 0, got {launch_interval}"

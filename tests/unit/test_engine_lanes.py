@@ -230,26 +230,10 @@ def test_a_busy_engine_holds_steps_to_the_hold_lead(step_lead: float | None, hel
     assert engine._ready_lane(0.0) == (None, pytest.approx(0.2 - held_for - replay))
 
 
-@pytest.mark.parametrize(("window_lead", "held_for"), [(None, 0.07), (0.05, 0.05)])
-def test_a_busy_engine_holds_halo_windows_to_their_own_lead(
-    window_lead: float | None, held_for: float
-) -> None:
-    """A halo window, sent only the flush margin before its listener runs dry, keeps a longer lead than a
-    step: 70 ms by default, or what ``window_hold_lead`` says."""
-    options = {} if window_lead is None else {"window_hold_lead": window_lead}
-    engine = simulated_engine(load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), **options)
-    engine._busy.add(0.0, 1.0)  # the last second all on calls: loaded
-    engine._lanes[MAIN].scheduler.push("window", 20, deadline=0.2)  # type: ignore[arg-type]
-    replay = engine._replay_s(BucketKey(1, 20))
-    assert replay is not None
-    assert engine._ready_lane(0.0) == (None, pytest.approx(0.2 - held_for - replay))
-
-
 @pytest.mark.parametrize("lead", [-0.01, math.nan, math.inf])
-@pytest.mark.parametrize("name", ["prime_hold_lead", "window_hold_lead"])
-def test_a_kinds_lead_must_be_a_finite_number_of_seconds(name: str, lead: float) -> None:
-    with pytest.raises(ConfigError, match=name):
-        DecodeEngine(load_codec("tiny"), max_streams=4, **{name: lead})
+def test_a_prime_lead_must_be_a_finite_number_of_seconds(lead: float) -> None:
+    with pytest.raises(ConfigError, match="prime_hold_lead"):
+        DecodeEngine(load_codec("tiny"), max_streams=4, prime_hold_lead=lead)
 
 
 def test_the_most_urgent_ready_lane_goes_and_a_full_lane_lets_the_other_go() -> None:
