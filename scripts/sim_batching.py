@@ -19,7 +19,8 @@ scheduling choices side by side (a 2-core host carries 384 streams here, not 512
 
     python3 scripts/sim_batching.py --streams 384 --replays bench/results/h100/stateful-512-fused-calls-2.json
 
-It also times the scheduler's cover planning, which runs under the engine's lock before every call and
+``--mode halo`` runs halo streams instead, on the fixed and per-frame cost model. It also times the
+scheduler's cover planning, which runs under the engine's lock before every call and
 in every hold, so a call waits for it: the total, the number of plans and the longest (``planning``).
 """
 
@@ -94,7 +95,7 @@ async def _run(args: argparse.Namespace) -> None:
     replays = ReplayTable.from_warmup(measured["modes"]["stateful"]["warmup"]) if measured else None
     engine = simulated_engine(
         codec, cost=SimulatedCost(args.fixed_ms, args.per_frame_ms, replays), max_batch=args.max_batch,
-        max_streams=max(args.streams) + 8, hold_lead=args.hold_lead_ms / 1e3,
+        max_streams=max(args.streams) + 8 if args.mode == "stateful" else 0, hold_lead=args.hold_lead_ms / 1e3,
         prime_hold_lead=args.prime_hold_lead_ms / 1e3,
         edge_batch_limit=args.edge_batch_limit, overlap=args.overlap, edge_lane=args.edge_lane,
     )  # fmt: skip
@@ -106,7 +107,7 @@ async def _run(args: argparse.Namespace) -> None:
     try:
         out: dict[str, Any] = await sweep(
             codec, engine, settings, websocket=False, latents=Latents(codec.latent_dim, seed=0),
-            budget=Budget(args.budget_s), progress=Progress(len(args.streams), quiet=True), mode="stateful",
+            budget=Budget(args.budget_s), progress=Progress(len(args.streams), quiet=True), mode=args.mode,
         )  # fmt: skip
     finally:
         await engine.aclose()
@@ -127,7 +128,7 @@ async def _run(args: argparse.Namespace) -> None:
             f"mean batch {p['mean_batch']:.1f}, device busy {p['busy_fraction']:.2f}, "
             f"p99 first audio {p['ttfa_ms']['p99']:.0f} ms"
         )
-        if whole:
+        if whole and args.mode == "stateful":
             audio_s = p["streams"] * args.seconds
             by_kind = p.get("device_s_by_kind") or {}
             kinds = {k: s / audio_s / whole for k, s in sorted(by_kind.items())}
@@ -172,6 +173,10 @@ def main() -> None:
     ap.add_argument(
         "--prime-hold-lead-ms", type=float, default=DEFAULT_PRIME_HOLD_LEAD_S * 1e3, help="primes' own lead"
     )
+    ap.add_argument(
+        "--mode", choices=("stateful", "halo"), default="stateful",
+        help="halo: the streams decode halo windows (the device cost model applies; --replays is for steps)",
+    )  # fmt: skip
     ap.add_argument("--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3)
     ap.add_argument("--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT)
     ap.add_argument(
