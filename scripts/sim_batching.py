@@ -20,8 +20,8 @@ scheduling choices side by side (a 2-core host carries 384 streams here, not 512
     python3 scripts/sim_batching.py --streams 384 --replays bench/results/h100/stateful-512-fused-calls-2.json
 
 ``--mode halo`` runs halo streams instead, on the fixed and per-frame cost model. It also times the
-scheduler's cover planning, which runs under the engine's lock before every call and
-in every hold, so a call waits for it: the total, the number of plans and the longest (``planning``).
+scheduler's cover planning, which runs under the engine's lock before every call and in every hold, so
+a call waits for it: the total, the number of plans and the longest (``planning``).
 """
 
 from __future__ import annotations

@@ -199,20 +199,28 @@ def test_serve_edge_lane_flag_reaches_the_engine() -> None:
         lanes("--edge-lane", "off", "--engine", "simulated")
 
 
+def _held_by_busy_engine(options: dict[str, float], kind: str, deadline: float) -> tuple[object, float]:
+    """What a busy engine (the last second all on calls) with ``options`` decides at time 0 about one
+    queued call of ``kind`` due at ``deadline``, its fewest frames, in its lane; and that call's replay."""
+    engine = simulated_engine(
+        load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), max_streams=4, edge_lane=True, **options
+    )
+    engine._busy.add(0.0, 1.0)
+    frames = max(engine._least_frames[kind], 1)
+    lane = EDGE if kind == "prime" else MAIN
+    engine._lanes[lane].scheduler.push(kind, frames, deadline=deadline, kind=kind)  # type: ignore[arg-type]
+    replay = engine._replay_s(BucketKey(1, frames, kind))
+    assert replay is not None
+    return engine._ready_lane(0.0), replay
+
+
 @pytest.mark.parametrize(("prime_lead", "held_for"), [(None, 0.05), (0.07, 0.07), (0.03, 0.03)])
 def test_a_busy_engine_holds_primes_to_their_own_lead(prime_lead: float | None, held_for: float) -> None:
     """On a busy engine a prime due in 80 ms waits for company until its lead (and its replay) before its
     deadline: 50 ms by default, or what ``prime_hold_lead`` says."""
     options = {} if prime_lead is None else {"prime_hold_lead": prime_lead}
-    engine = simulated_engine(
-        load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), max_streams=4, edge_lane=True, **options
-    )
-    engine._busy.add(0.0, 1.0)  # the last second all on calls: loaded
-    frames = engine._least_frames["prime"]
-    engine._lanes[EDGE].scheduler.push("prime", frames, deadline=0.08, kind="prime")  # type: ignore[arg-type]
-    replay = engine._replay_s(BucketKey(1, frames, "prime"))
-    assert replay is not None
-    assert engine._ready_lane(0.0) == (None, pytest.approx(0.08 - held_for - replay))
+    decided, replay = _held_by_busy_engine(options, "prime", 0.08)
+    assert decided == (None, pytest.approx(0.08 - held_for - replay))
 
 
 @pytest.mark.parametrize(("step_lead", "held_for"), [(None, 0.05), (0.07, 0.07)])
@@ -220,14 +228,8 @@ def test_a_busy_engine_holds_steps_to_the_hold_lead(step_lead: float | None, hel
     """On a busy engine a step waits for company until ``hold_lead`` (and its replay) before its listener
     runs dry: 50 ms by default."""
     options = {} if step_lead is None else {"hold_lead": step_lead}
-    engine = simulated_engine(
-        load_codec("tiny"), cost=SimulatedCost(2.0, 0.01), max_streams=4, edge_lane=True, **options
-    )
-    engine._busy.add(0.0, 1.0)  # the last second all on calls: loaded
-    engine._lanes[MAIN].scheduler.push("step", 4, deadline=0.2, kind="step")  # type: ignore[arg-type]
-    replay = engine._replay_s(BucketKey(1, 4, "step"))
-    assert replay is not None
-    assert engine._ready_lane(0.0) == (None, pytest.approx(0.2 - held_for - replay))
+    decided, replay = _held_by_busy_engine(options, "step", 0.2)
+    assert decided == (None, pytest.approx(0.2 - held_for - replay))
 
 
 @pytest.mark.parametrize("lead", [-0.01, math.nan, math.inf])
