@@ -14,10 +14,11 @@ best launch of each call, so the gain a better planner could make shows::
     python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
 
 The baseline is the Triton kernel with the output channels along the GEMM's M. ``--variants`` also times
-each call with the pipelined Gluon kernel at the same launch (``pipelined``) and with the output channels
-along N (``channels_n``, layers of up to ``--channels-n-max`` channels), and checks their bits against the
-baseline; ``planned_ms`` sums what the planner picks now. ``--whole 16x70 1x70`` adds the calls of
-whole-clip decodes; ``--tiles`` with no value skips the launch sweep::
+each call with the pipelined Gluon kernel at the same launch (``pipelined``), with the output channels
+along N (``channels_n``, layers of up to ``--channels-n-max`` channels) and with two tiles a program
+sharing each weight box (``twin``), and checks their bits against the baseline; ``planned_ms`` sums what
+the planner picks now. ``--whole 16x70 1x70`` adds the calls of whole-clip decodes; ``--tiles`` with no
+value skips the launch sweep::
 
     python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --variants pipelined
 """
@@ -107,6 +108,7 @@ def describe(call: Call) -> dict[str, Any]:
 VARIANTS: dict[str, dict[str, Any]] = {
     "pipelined": {"pipelined": True, "channels_n": False},  # the Gluon kernel, same launch
     "channels_n": {"channels_n": True},  # the output channels along the GEMM's N
+    "twin": {"twin": True, "pipelined": False, "channels_n": False},  # two tiles a program, one weight box
 }
 
 
@@ -181,7 +183,8 @@ def main() -> None:
     ap.add_argument(
         "--variants", nargs="*", default=[], choices=sorted(VARIANTS),
         help="also time every call with these kernels and check their bits against the baseline: pipelined "
-        "(the Gluon kernel, same launch), channels_n (output channels along N, layers up to --channels-n-max)",
+        "(the Gluon kernel, same launch), channels_n (output channels along N, layers up to --channels-n-max), "
+        "twin (each program two neighbouring tiles sharing its weight boxes, chunks split)",
     )  # fmt: skip
     ap.add_argument("--channels-n-max", type=int, default=192)
     ap.add_argument(
