@@ -209,8 +209,9 @@ def plan(
 
     ``twin`` gives each program two neighbouring output tiles that share every weight box it loads: the
     weight traffic from L2 per output falls by half, for a second accumulator's registers and twice the
-    input boxes a pipeline stage. Twins keep no running sum across chunks, so where the reduction has
-    several chunks they run as separate programs (split-K). Nothing about the arithmetic changes."""
+    input boxes a pipeline stage (a tile whose twin would not fit two stages in shared memory keeps one
+    tile a program). Twins keep no running sum across chunks, so where the reduction has several chunks
+    they run as separate programs (split-K). Nothing about the arithmetic changes."""
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
     packed = (tiles if batch > 1 else None) if tiles else packed_tiles(batch, cout, tout, sms, bk)
@@ -231,8 +232,9 @@ def plan(
     # 4 warps a warpgroup of 64 rows; tiles wider than 128 samples split their columns between warpgroups
     warps = min(t.warps, 4 * (block_m // WARPGROUP_ROWS) * max(1, block_n // 128))
     tiles_n, tiles_m, groups = _cdiv(tout, row_n), _cdiv(cout, block_m), _cdiv(batch, rows)
+    twin = twin and 2 * _stage_bytes(block_m, 2 * block_n, bk) <= SHARED_MAX  # two stages at least
     stage = _stage_bytes(block_m, block_n * (2 if twin else 1), bk)
-    stages = max(2, min(t.stages, SHARED_MAX // stage)) if twin else t.stages
+    stages = min(t.stages, SHARED_MAX // stage) if twin else t.stages
     if split is None:
         programs = tiles_n * tiles_m * groups
         slots = sms * max(1, SHARED_PER_PAIR * 2 // (stage * stages))
