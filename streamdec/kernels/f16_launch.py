@@ -229,8 +229,10 @@ def plan(
     if not rows:
         rows, block_n = 1, pow2_block(tout, _MIN_BLOCK_N, t.block_n)
         row_n = block_n
-    # 4 warps a warpgroup of 64 rows; tiles wider than 128 samples split their columns between warpgroups
-    warps = min(t.warps, 4 * (block_m // WARPGROUP_ROWS) * max(1, block_n // 128))
+    # 4 warps a warpgroup of 64 rows (a tile cut to fewer rows than asked keeps one warpgroup per 64), and
+    # a tile that asks for more may split its columns between warpgroups, 64 samples at least to each
+    group_warps = 4 * (block_m // WARPGROUP_ROWS)
+    warps = min(t.warps if t.block_m == block_m else group_warps, group_warps * max(1, block_n // 64))
     tiles_n, tiles_m, groups = _cdiv(tout, row_n), _cdiv(cout, block_m), _cdiv(batch, rows)
     twin = twin and 2 * _stage_bytes(block_m, 2 * block_n, bk) <= SHARED_MAX  # two stages at least
     stage = _stage_bytes(block_m, block_n * (2 if twin else 1), bk)
