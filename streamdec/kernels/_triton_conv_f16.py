@@ -726,7 +726,7 @@ def conv1d_f16x3(
 
     ``channels_n`` (default :func:`streamdec.kernels.f16_launch.channels_as_n`, by the output channels)
     runs the layer with its output channels along the GEMM's N (:func:`_conv_channels_n`); ``tiles`` then
-    means samples x channels, and ``split``, ``pack`` and ``pipelined`` do not apply.
+    means samples x channels, and ``split``, ``pack``, ``pipelined`` and ``twin`` do not apply.
 
     ``twin`` (default :func:`streamdec.kernels.f16_launch.plan`'s choice) has each program compute two
     neighbouring tiles with the weight boxes it loads once (the Triton kernel only): the same bits.
@@ -750,7 +750,7 @@ def conv1d_f16x3(
             )
         plain = conv1d_f16x3(
             x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack, products=products,
-            pipelined=pipelined, channels_n=channels_n,
+            pipelined=pipelined, channels_n=channels_n, twin=twin,
         )  # fmt: skip
         out = interleave(plain, phases)
         return out if residual is None else residual + out
