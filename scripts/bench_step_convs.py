@@ -14,11 +14,10 @@ best launch of each call, so the gain a better planner could make shows::
     python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
 
 The baseline is the Triton kernel with the output channels along the GEMM's M. ``--variants`` also times
-each call with the pipelined Gluon kernel at the same launch (``pipelined``), with the output channels
-along N (``channels_n``, layers of up to ``--channels-n-max`` channels) and with two tiles a program
-sharing each weight box (``twin``), and checks their bits against the baseline; ``planned_ms`` sums what
-the planner picks now. ``--whole 16x70 1x70`` adds the calls of whole-clip decodes; ``--tiles`` with no
-value skips the launch sweep::
+each call with the pipelined Gluon kernel at the same launch (``pipelined``) and with the output channels
+along N (``channels_n``, layers of up to ``--channels-n-max`` channels), and checks their bits against the
+baseline; ``planned_ms`` sums what the planner picks now. ``--whole 16x70 1x70`` adds the calls of
+whole-clip decodes; ``--tiles`` with no value skips the launch sweep::
 
     python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --variants pipelined
 """
@@ -88,24 +87,15 @@ def record_calls(step: Callable[[], Any]) -> list[tuple[Call, int]]:
     return [(call, count) for call, count in found.values()]
 
 
-def _plan_args(call: Call) -> dict[str, Any]:
-    """The call's layer and batch as :func:`streamdec.kernels.f16_launch.plan` takes them."""
-    args, _ = call
-    x_hi, w_hi, dilation = args[0], args[3], args[7]
-    batch, tin, cp = x_hi.shape
-    ksize, cout, _ = w_hi.shape
-    tout = tin - (ksize - 1) * dilation
-    return {"batch": batch, "padded_channels": cp, "cout": cout, "tout": tout, "ksize": ksize,
-            "sms": launch_sms(x_hi.device)}  # fmt: skip
-
-
 def describe(call: Call) -> dict[str, Any]:
     args, kwargs = call
     x_hi, w_hi, dilation = args[0], args[3], args[7]
     batch, tin, cp = x_hi.shape
     ksize, cout, _ = w_hi.shape
     tout = tin - (ksize - 1) * dilation
-    launch = f16_launch.plan(**_plan_args(call))
+    launch = f16_launch.plan(
+        batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=launch_sms(x_hi.device)
+    )
     return {
         "x": [batch, tin, cp], "w": [ksize, cout, cp], "dil": dilation, "tout": tout,
         "phases": kwargs.get("phases", 1), "residual": kwargs.get("residual") is not None,
@@ -117,7 +107,6 @@ def describe(call: Call) -> dict[str, Any]:
 VARIANTS: dict[str, dict[str, Any]] = {
     "pipelined": {"pipelined": True, "channels_n": False},  # the Gluon kernel, same launch
     "channels_n": {"channels_n": True},  # the output channels along the GEMM's N
-    "twin": {"twin": True, "pipelined": False, "channels_n": False},  # two tiles a program, one weight box
 }
 
 
@@ -128,7 +117,6 @@ def measure(
     variants: Sequence[str] = (),
     channels_n_max: int = 192,
     channels_n_tiles: Sequence[Tiles] = (),
-    twin_tiles: Sequence[Tiles] = (),
 ) -> dict[str, Any]:
     args, kwargs = call
 
@@ -161,18 +149,6 @@ def measure(
                     "tiles": list(tile), "pack": pack, "split": split, "bits_equal": bool(torch.equal(y, default)),
                     "ms": graph_ms(lambda launch=launch: run(**launch), reps=reps),
                 })  # fmt: skip
-    for tile in twin_tiles:  # two tiles a program at other tile shapes (its planned packing and split)
-        launch = {"tiles": tile, "twin": True, **base}
-        try:
-            y = run(**launch)
-        except Exception as e:  # shared memory or registers
-            variants.append({"tiles": list(tile), "twin": True, "error": repr(e)[:160]})
-            continue
-        planned = f16_launch.plan(**_plan_args(call), tiles=tile, twin=True)
-        variants.append({
-            "tiles": list(tile), "twin": True, "pack": planned.rows > 1, "split": planned.split,
-            "bits_equal": bool(torch.equal(y, default)), "ms": graph_ms(lambda launch=launch: run(**launch), reps=reps),
-        })  # fmt: skip
     if row["w"][1] <= channels_n_max:  # the channels-along-N kernel at other tiles (samples x channels)
         for tile in channels_n_tiles:
             launch = {"tiles": tile, "channels_n": True}
@@ -205,18 +181,12 @@ def main() -> None:
     ap.add_argument(
         "--variants", nargs="*", default=[], choices=sorted(VARIANTS),
         help="also time every call with these kernels and check their bits against the baseline: pipelined "
-        "(the Gluon kernel, same launch), channels_n (output channels along N, layers up to --channels-n-max), "
-        "twin (each program two neighbouring tiles sharing its weight boxes, chunks split)",
+        "(the Gluon kernel, same launch), channels_n (output channels along N, layers up to --channels-n-max)",
     )  # fmt: skip
     ap.add_argument("--channels-n-max", type=int, default=192)
     ap.add_argument(
         "--channels-n-tiles", nargs="*", default=[],
         help="channels-along-N launches to time besides the planned one: block_t,block_o,warps,stages",
-    )  # fmt: skip
-    ap.add_argument(
-        "--twin-tiles", nargs="*", default=[],
-        help="launch shapes to time as twin tiles besides the twin variant's default tile: "
-        "block_m,block_n,warps,stages",
     )  # fmt: skip
     ap.add_argument(
         "--whole", nargs="*", default=[], help="whole-clip decodes to record as well, batch x frames (16x70)"
@@ -231,7 +201,6 @@ def main() -> None:
     out = ResultFile(args.out, {**header, "args": vars(args), "buckets": []})
     tiles = [Tiles(*map(int, spec.split(","))) for spec in args.tiles]
     cn_tiles = [Tiles(*map(int, spec.split(","))) for spec in args.channels_n_tiles]
-    twin_tiles = [Tiles(*map(int, spec.split(","))) for spec in args.twin_tiles]
     buckets = [parse_bucket(b) for b in args.buckets]
     net = StatefulNet(codec)
     slots = max(b for b, _ in buckets)
@@ -256,9 +225,7 @@ def main() -> None:
             for call, count in record_calls(work):
                 row = {
                     "count": count,
-                    **measure(
-                        call, tiles, args.reps, args.variants, args.channels_n_max, cn_tiles, twin_tiles
-                    ),
+                    **measure(call, tiles, args.reps, args.variants, args.channels_n_max, cn_tiles),
                 }
                 rows.append(row)
                 best = row["best"]

@@ -91,7 +91,6 @@ def _conv1d_f16x3_kernel(
     BLOCK_K: tl.constexpr,
     ROWS: tl.constexpr,  # batch rows a program covers: BLOCK_N // ROWS samples of each (short rows packed)
     PRODUCTS: tl.constexpr,  # 3: the split products ("fp16x3"); 1: heads only ("fp16"), tails never read
-    TWIN: tl.constexpr = False,  # also the tile's twin, with the same weight boxes (f16_launch.plan)
     HAS_LIVE: tl.constexpr = False,
     DEPENDENT: tl.constexpr = False,  # a programmatic dependent launch (_triton_dependent)
 ):
@@ -100,117 +99,44 @@ def _conv1d_f16x3_kernel(
     pid_m = tl.program_id(1)
     pid_z = tl.program_id(2)
     if SPLIT:
-        group = pid_z // NCHUNK
+        batch = pid_z // NCHUNK * ROWS
         first = pid_z % NCHUNK
         last = first + 1
     else:
-        group = pid_z
+        batch = pid_z * ROWS
         first = 0
         last = NCHUNK
-    ROW_N: tl.constexpr = BLOCK_N // ROWS
-    if ROWS == 1:  # a twin is the row's next tile of samples
-        batch = group
-        n0 = pid_n * (2 if TWIN else 1) * ROW_N
-    else:  # a twin is the next ROWS rows
-        batch = group * (2 if TWIN else 1) * ROWS
-        n0 = pid_n * ROW_N
     if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
         if batch >= tl.load(live_ptr):  # padding rows only (they come last): nothing to compute
             return
+    ROW_N: tl.constexpr = BLOCK_N // ROWS
     m0 = pid_m * BLOCK_M
+    n0 = pid_n * ROW_N
     k_blocks = CP // BLOCK_K
     steps = KSIZE * k_blocks
-    if TWIN:
-        # One chunk a program (the planner splits the chunks of a twin launch), so each tile's sum is its
-        # chunk's: 0 + acc is acc, as no sum of a fresh accumulator is -0.0. No third register set.
-        twin_batch = batch + ROWS if ROWS > 1 else batch
-        twin_n0 = n0 if ROWS > 1 else n0 + BLOCK_N
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for chunk in range(first, last):
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        twin_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for step in range(first * CHUNK, tl.minimum(steps, (first + 1) * CHUNK)):
+        for step in range(chunk * CHUNK, tl.minimum(steps, (chunk + 1) * CHUNK)):
             tap = step // k_blocks
             c0 = (step % k_blocks) * BLOCK_K
+            # A box may run past its block: weight rows past COUT into the next tap, input samples past
+            # TIN into the next batch row (or zero fill at the ends). Those only feed outputs the store
+            # masks off (output t reads inputs t + tap * DIL < TIN of its own row).
             w_hi = w_hi_desc.load([tap * COUT + m0, c0])
-            w_lo = w_lo_desc.load([tap * COUT + m0, c0]) if PRODUCTS == 3 else w_hi
-            acc = _step(acc, w_hi, w_lo, x_hi_desc, x_lo_desc, batch, TIN, n0 + tap * DIL, c0, BLOCK_N,
-                        BLOCK_K, ROWS, PRODUCTS)  # fmt: skip
-            twin_acc = _step(twin_acc, w_hi, w_lo, x_hi_desc, x_lo_desc, twin_batch, TIN, twin_n0 + tap * DIL,
-                             c0, BLOCK_N, BLOCK_K, ROWS, PRODUCTS)  # fmt: skip
-        _finish(
-            acc, batch, n0, m0, first, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, B, COUT, TOUT,
-            RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, HAS_RES, RES_PARTS, HAS_BIAS, SPLIT, BLOCK_M,
-            BLOCK_N, ROWS,
-        )  # fmt: skip
-        _finish(
-            twin_acc, twin_batch, twin_n0, m0, first, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr,
-            B, COUT, TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, HAS_RES, RES_PARTS, HAS_BIAS, SPLIT,
-            BLOCK_M, BLOCK_N, ROWS,
-        )  # fmt: skip
-    else:
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for chunk in range(first, last):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for step in range(chunk * CHUNK, tl.minimum(steps, (chunk + 1) * CHUNK)):
-                tap = step // k_blocks
-                c0 = (step % k_blocks) * BLOCK_K
-                # A box may run past its block: weight rows past COUT into the next tap, input samples past
-                # TIN into the next batch row (or zero fill at the ends). Those only feed outputs the store
-                # masks off (output t reads inputs t + tap * DIL < TIN of its own row).
-                w_hi = w_hi_desc.load([tap * COUT + m0, c0])
-                w_lo = w_lo_desc.load([tap * COUT + m0, c0]) if PRODUCTS == 3 else w_hi
-                acc = _step(acc, w_hi, w_lo, x_hi_desc, x_lo_desc, batch, TIN, n0 + tap * DIL, c0, BLOCK_N,
-                            BLOCK_K, ROWS, PRODUCTS)  # fmt: skip
-            total += acc
-        _finish(
-            total, batch, n0, m0, first, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, B, COUT,
-            TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, HAS_RES, RES_PARTS, HAS_BIAS, SPLIT, BLOCK_M,
-            BLOCK_N, ROWS,
-        )  # fmt: skip
-
-
-@triton.jit
-def _step(
-    acc,
-    w_hi,
-    w_lo,
-    x_hi_desc,
-    x_lo_desc,
-    batch,
-    TIN,
-    start,
-    c0,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    ROWS: tl.constexpr,
-    PRODUCTS: tl.constexpr,
-):
-    """``acc`` plus one step's products of the weight box ``w_hi``/``w_lo`` (``[BLOCK_M, BLOCK_K]``) and the
-    input box from samples ``start ..``, channels ``c0 ..`` of ``batch``: three float16 products into a
-    fresh tensor-core accumulator, then a float32 add (one product accumulates in the tensor cores)."""
-    x_hi = _input_box(x_hi_desc, batch, TIN, start, c0, BLOCK_N, BLOCK_K, ROWS)
-    if PRODUCTS == 3:
-        x_lo = _input_box(x_lo_desc, batch, TIN, start, c0, BLOCK_N, BLOCK_K, ROWS)
-        part = tl.dot(w_lo, x_hi)
-        part = tl.dot(w_hi, x_lo, part)
-        part = tl.dot(w_hi, x_hi, part)
-        acc += part
-    else:
-        # One float16 product carries 11 bits of each operand: the accumulator's own loss per MMA step is
-        # far below that, so the products accumulate in the tensor cores.
-        acc = tl.dot(w_hi, x_hi, acc)
-    return acc
-
-
-@triton.jit
-def _finish(
-    total, batch, n0, m0, first, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, B, COUT, TOUT,
-    RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, HAS_RES: tl.constexpr, RES_PARTS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-):  # fmt: skip
-    """The epilogue of the tile at rows ``batch ..``, samples ``n0 ..``, channels ``m0 ..``: with SPLIT its
-    chunk's raw sums into the chunk buffer, else unscaled, biased, the residual added and stored."""
-    ROW_N: tl.constexpr = BLOCK_N // ROWS
+            x_hi = _input_box(x_hi_desc, batch, TIN, n0 + tap * DIL, c0, BLOCK_N, BLOCK_K, ROWS)
+            if PRODUCTS == 3:
+                w_lo = w_lo_desc.load([tap * COUT + m0, c0])
+                x_lo = _input_box(x_lo_desc, batch, TIN, n0 + tap * DIL, c0, BLOCK_N, BLOCK_K, ROWS)
+                part = tl.dot(w_lo, x_hi)
+                part = tl.dot(w_hi, x_lo, part)
+                part = tl.dot(w_hi, x_hi, part)
+                acc += part
+            else:
+                # One float16 product carries 11 bits of each operand: the accumulator's own loss per
+                # MMA step is far below that, so the products accumulate in the tensor cores.
+                acc = tl.dot(w_hi, x_hi, acc)
+        total += acc
     offs_m = m0 + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     # 32-bit offsets from the tile's corner (a 64-bit scalar): 64-bit ones per element would keep twice the
@@ -699,7 +625,6 @@ def conv1d_f16x3(
     residual_head: torch.Tensor | None = None,
     pipelined: bool | None = None,
     channels_n: bool | None = None,
-    twin: bool | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
     -> ``y`` [B, COUT, TOUT = TIN - (KSIZE-1)*dilation] float32, plus ``residual`` (of ``y``'s shape) if
@@ -726,10 +651,7 @@ def conv1d_f16x3(
 
     ``channels_n`` (default :func:`streamdec.kernels.f16_launch.channels_as_n`, by the output channels)
     runs the layer with its output channels along the GEMM's N (:func:`_conv_channels_n`); ``tiles`` then
-    means samples x channels, and ``split``, ``pack``, ``pipelined`` and ``twin`` do not apply.
-
-    ``twin`` (default :func:`streamdec.kernels.f16_launch.plan`'s choice) has each program compute two
-    neighbouring tiles with the weight boxes it loads once (the Triton kernel only): the same bits.
+    means samples x channels, and ``split``, ``pack`` and ``pipelined`` do not apply.
     """
     if products not in (1, 3):
         raise ShapeError(f"conv1d_f16x3 takes products=3 (split) or 1 (heads only), got {products}")
@@ -750,7 +672,7 @@ def conv1d_f16x3(
             )
         plain = conv1d_f16x3(
             x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack, products=products,
-            pipelined=pipelined, channels_n=channels_n, twin=twin,
+            pipelined=pipelined, channels_n=channels_n,
         )  # fmt: skip
         out = interleave(plain, phases)
         return out if residual is None else residual + out
@@ -764,10 +686,9 @@ def conv1d_f16x3(
             x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, y, tiles, products, residual, residual_head
         )
     sms = launch_sms(x_hi.device)
-    pipelined = products == 3 and (sizing.PIPELINED_CONV if pipelined is None else pipelined)
     launch = plan(
         batch=batch, padded_channels=cp, cout=cout, tout=tout, ksize=ksize, sms=sms, tiles=tiles, split=split,
-        pack=pack if pack is not None else sizing.PACK_SHORT_ROWS, twin=bool(twin) and not pipelined,
+        pack=pack if pack is not None else sizing.PACK_SHORT_ROWS,
     )  # fmt: skip
     if residual_head is not None and not _parts_addressable(residual_head, residual, cout, launch.rows):
         residual, residual_head = joined_residual(residual_head, residual), None
@@ -787,7 +708,7 @@ def conv1d_f16x3(
         "HAS_BIAS": bias is not None, "SPLIT": launch.split, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
         "BLOCK_K": launch.block_k, "ROWS": launch.rows,
     }  # fmt: skip
-    if pipelined:
+    if products == 3 and (sizing.PIPELINED_CONV if pipelined is None else pipelined):
         from streamdec.kernels._gluon_conv_f16 import gluon_descriptor, launch_gluon_conv
 
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, gluon_descriptor)
@@ -798,8 +719,8 @@ def conv1d_f16x3(
     else:
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, TensorDescriptor)
         _conv1d_f16x3_kernel[launch.grid](
-            *descs, *pointers, live_arg, *sizes, **flags, PRODUCTS=products, TWIN=launch.twin,
-            HAS_LIVE=live is not None, num_warps=launch.warps, num_stages=launch.stages, **dependent_launch(y.device),
+            *descs, *pointers, live_arg, *sizes, **flags, PRODUCTS=products, HAS_LIVE=live is not None,
+            num_warps=launch.warps, num_stages=launch.stages, **dependent_launch(y.device),
         )  # fmt: skip
     if launch.split:
         _chunk_sum_kernel[(triton.cdiv(tout, 128), triton.cdiv(cout, 32), batch)](

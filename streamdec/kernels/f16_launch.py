@@ -37,7 +37,6 @@ __all__ = [
 
 CHUNK_STEPS = 48  # the longest chunk, in steps; a layer with more steps is cut into equal chunks
 SHARED_PER_PAIR = 112 * 1024  # shared memory one of two programs on a Hopper multiprocessor may take
-SHARED_MAX = 227 * 1024  # the most one program may take
 SPLIT_GAIN = 0.1  # run chunks as programs when that fills the waves by this fraction more
 PACK_LARGE_FILL = 0.8  # packed large tiles need their waves this full on average, else small tiles
 _MIN_BLOCK_N = 32  # samples: the smallest output tile along time
@@ -74,9 +73,7 @@ SMALL = Tiles(64, 64, 4, 3)  # 96 KiB: two
 
 class Launch(NamedTuple):
     """Everything :func:`plan` decides; ``grid`` is (sample tiles, channel tiles, row groups x programs per
-    group). A program covers ``rows`` batch rows, ``block_n // rows`` samples of each; with ``twin`` it
-    also covers the tile's twin with the same weight boxes (:func:`plan`): the row's next ``block_n``
-    samples, or (rows packed) the next ``rows`` rows."""
+    group). A program covers ``rows`` batch rows, ``block_n // rows`` samples of each."""
 
     block_m: int
     block_n: int
@@ -88,7 +85,6 @@ class Launch(NamedTuple):
     split: bool
     grid: tuple[int, int, int]
     rows: int = 1
-    twin: bool = False
 
 
 class ChannelsLaunch(NamedTuple):
@@ -201,17 +197,10 @@ def plan(
     tiles: Tiles | None = None,
     split: bool | None = None,
     pack: bool = True,
-    twin: bool = False,
 ) -> Launch:
     """The launch of one call (``batch``, ``tout`` >= 1). ``tiles`` and ``split`` override the defaults;
     the chunks run as separate programs by default when one program per tile would not fill the GPU.
-    ``pack`` allows packing short rows (with ``tiles`` given, only into that tile).
-
-    ``twin`` gives each program two neighbouring output tiles that share every weight box it loads: the
-    weight traffic from L2 per output falls by half, for a second accumulator's registers and twice the
-    input boxes a pipeline stage (a tile whose twin would not fit two stages in shared memory keeps one
-    tile a program). Twins keep no running sum across chunks, so where the reduction has several chunks
-    they run as separate programs (split-K). Nothing about the arithmetic changes."""
+    ``pack`` allows packing short rows (with ``tiles`` given, only into that tile)."""
     bk = block_k(padded_channels)
     per, chunks = chunking(ksize * (padded_channels // bk))
     packed = (tiles if batch > 1 else None) if tiles else packed_tiles(batch, cout, tout, sms, bk)
@@ -229,25 +218,17 @@ def plan(
     if not rows:
         rows, block_n = 1, pow2_block(tout, _MIN_BLOCK_N, t.block_n)
         row_n = block_n
-    # 4 warps a warpgroup of 64 rows (a tile cut to fewer rows than asked keeps one warpgroup per 64), and
-    # a tile that asks for more may split its columns between warpgroups, 64 samples at least to each
-    group_warps = 4 * (block_m // WARPGROUP_ROWS)
-    warps = min(t.warps if t.block_m == block_m else group_warps, group_warps * max(1, block_n // 64))
+    warps = min(t.warps if t.block_m > WARPGROUP_ROWS else 4, 4 * (block_m // WARPGROUP_ROWS))  # 4 per group
     tiles_n, tiles_m, groups = _cdiv(tout, row_n), _cdiv(cout, block_m), _cdiv(batch, rows)
-    twin = twin and 2 * _stage_bytes(block_m, 2 * block_n, bk) <= SHARED_MAX  # two stages at least
-    stage = _stage_bytes(block_m, block_n * (2 if twin else 1), bk)
-    stages = min(t.stages, SHARED_MAX // stage) if twin else t.stages
     if split is None:
         programs = tiles_n * tiles_m * groups
-        slots = sms * max(1, SHARED_PER_PAIR * 2 // (stage * stages))
+        slots = sms * max(1, SHARED_PER_PAIR * 2 // (_stage_bytes(block_m, block_n, bk) * t.stages))
         split = (
             programs < sms or _wave_fill(programs * chunks, slots) > _wave_fill(programs, slots) + SPLIT_GAIN
         )
-    split = (split or twin) and chunks > 1
-    if twin:  # rows packed: the next row group; one row a program: its next tile of samples
-        groups, tiles_n = (_cdiv(groups, 2), tiles_n) if rows > 1 else (groups, _cdiv(tiles_n, 2))
+    split = split and chunks > 1
     grid = (tiles_n, tiles_m, groups * (chunks if split else 1))
-    return Launch(block_m, block_n, bk, warps, stages, per, chunks, split, grid, rows, twin)
+    return Launch(block_m, block_n, bk, warps, t.stages, per, chunks, split, grid, rows)
 
 
 def channels_as_n(cout: int) -> bool:

@@ -70,9 +70,8 @@ def test_rows_of_any_magnitude_keep_their_accuracy() -> None:
 def test_every_launch_gives_the_same_bits(
     channels: int, ksize: int, dilation: int, tout: int, products: int
 ) -> None:
-    """Tiles, split-K on or off, twin tiles or one a program, batch 1 or 16: a row's result is
-    bit-identical (the chunked reduction is fixed per layer), with three products ("fp16x3") or one
-    ("fp16")."""
+    """Tiles, split-K on or off, batch 1 or 16: a row's result is bit-identical (the chunked reduction
+    is fixed per layer), with three products ("fp16x3") or one ("fp16")."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w = layer_case(16, channels, ksize, dilation, tout)
@@ -89,20 +88,11 @@ def test_every_launch_gives_the_same_bits(
             f16_launch.Tiles(64, 128, 4, 4),
         )
         for tiles in (f16_launch.LARGE, f16_launch.SMALL, *others):
-            for split, twin in ((False, False), (True, False), (False, True)):
+            for split in (False, True):
                 out = tc.conv1d_f16x3(
-                    hi[3:4],
-                    lo[3:4],
-                    x_inv[3:4],
-                    *args,
-                    tiles=tiles,
-                    split=split,
-                    products=products,
-                    twin=twin,
+                    hi[3:4], lo[3:4], x_inv[3:4], *args, tiles=tiles, split=split, products=products
                 )
-                assert torch.equal(out[0], reference[3]), (tiles, split, twin)
-            twins = tc.conv1d_f16x3(hi, lo, x_inv, *args, tiles=tiles, products=products, twin=True)
-            assert torch.equal(twins, reference), tiles
+                assert torch.equal(out[0], reference[3]), (tiles, split)
 
 
 def test_single_product_matches_the_reference_op() -> None:
@@ -217,8 +207,7 @@ def test_packed_short_rows_give_the_same_bits(
     channels: int, ksize: int, dilation: int, tout: int, split: bool | None
 ) -> None:
     """Short rows packed into one program (3-D input boxes, one row's samples per column group) give each
-    row exactly the bits it gets alone, with and without a residual, and are as accurate; so do twin
-    tiles (a program's two row groups sharing its weight boxes)."""
+    row exactly the bits it gets alone, with and without a residual, and are as accurate."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w = layer_case(256, channels, ksize, dilation, tout)
@@ -241,12 +230,9 @@ def test_packed_short_rows_give_the_same_bits(
         residual = torch.randn_like(ours)
         with_residual = tc.conv1d_f16x3(*args, split=split, pack=True, residual=residual)
         single = tc.conv1d_f16x3(hi[7:8], lo[7:8], x_inv[7:8], *args[3:], split=split)
-        twins = tc.conv1d_f16x3(*args, split=split, pack=True, twin=True)
-        twins_residual = tc.conv1d_f16x3(*args, split=split, pack=True, twin=True, residual=residual)
     print(f"C={channels} T={tout} split={split}: {launch.rows} rows a program, grid {launch.grid}")
     assert torch.equal(ours, alone) and torch.equal(single[0], ours[7])
     assert torch.equal(with_residual, residual + alone)
-    assert torch.equal(twins, ours) and torch.equal(twins_residual, with_residual)
     exact = F.conv1d(x.double(), w.double(), bias.double(), dilation=dilation)
     assert max(rel_error(ours[b], exact[b]) for b in (0, 128, 255)) <= 2e-6
 

@@ -34,11 +34,9 @@ def _first(ptx: str, *needles: str) -> int:
 
 
 @pytest.mark.parametrize(
-    ("rows", "block_n", "products", "split", "residual", "dependent", "twin"),
-    [(1, 128, 3, False, True, False, False), (16, 128, 3, True, False, True, False),
-     (1, 64, 1, False, False, False, False), (8, 64, 1, True, True, True, False),
-     (32, 128, 3, False, True, True, False), (8, 128, 3, False, False, False, False),
-     (32, 128, 3, True, False, True, True), (1, 128, 3, False, True, True, True)],
+    ("rows", "block_n", "products", "split", "residual", "dependent"),
+    [(1, 128, 3, False, True, False), (16, 128, 3, True, False, True), (1, 64, 1, False, False, False),
+     (8, 64, 1, True, True, True), (32, 128, 3, False, True, True), (8, 128, 3, False, False, False)],
 )  # fmt: skip
 def test_float16_conv_kernel_compiles_for_sm90(
     rows: int,
@@ -47,7 +45,6 @@ def test_float16_conv_kernel_compiles_for_sm90(
     split: bool,
     residual: bool,
     dependent: bool,
-    twin: bool,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -68,14 +65,14 @@ def test_float16_conv_kernel_compiles_for_sm90(
     signature |= _pointers_and_sizes()
     constants = {
         "HAS_RES": residual, "RES_PARTS": False, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": 128, "BLOCK_N": block_n,
-        "BLOCK_K": 64, "ROWS": rows, "PRODUCTS": products, "TWIN": twin, "HAS_LIVE": True, "DEPENDENT": dependent,
+        "BLOCK_K": 64, "ROWS": rows, "PRODUCTS": products, "HAS_LIVE": True, "DEPENDENT": dependent,
     }  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     names = list(signature)
     constexprs = {(names.index(name),): value for name, value in constants.items()}
 
     source = ASTSource(_conv1d_f16x3_kernel, signature, constexprs)
-    options = {"num_warps": 8, "num_stages": 2 if twin else 3, "launch_pdl": dependent}
+    options = {"num_warps": 8, "num_stages": 3, "launch_pdl": dependent}
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
     ptx = compiled.asm["ptx"]

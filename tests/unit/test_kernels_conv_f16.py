@@ -340,39 +340,6 @@ def test_triton_epilogue_reads_a_residual_in_two_parts(
 
 
 @needs_interpreter
-@settings(max_examples=15, deadline=None)
-@given(
-    conv_shapes,
-    st.sampled_from([f16_launch.SMALL, f16_launch.LARGE, f16_launch.Tiles(64, 128, 4, 3)]),
-    st.booleans(),
-    st.booleans(),
-    st.sampled_from([3, 1]),
-)
-@example(  # packed rows of 20 in pieces of 4, an odd number of row groups: the last twin past the batch
-    {"batch": 3, "cin": 40, "cout": 24, "ksize": 3, "dilation": 2, "tout": 20, "bias": 1, "seed": 0},
-    f16_launch.LARGE, True, True, 3,
-)  # fmt: skip
-def test_twin_tiles_give_one_tile_a_programs_bits(
-    p: dict[str, int], tiles: f16_launch.Tiles, split: bool, with_residual: bool, products: int
-) -> None:
-    """Two tiles a program sharing its weight boxes (a row's next samples, or packed, the next rows; the
-    chunks as programs of their own) give each output the bits one tile a program gives, residual and
-    single product included."""
-    from streamdec.kernels import _triton_conv_f16 as tc
-
-    x, w, bias = conv_case(p)
-    packed, inverse = pack_split_weight_f16(w)
-    args = (*split_input_f16(x), packed[0], packed[1], inverse, bias, p["dilation"])
-    gen = torch.Generator().manual_seed(p["seed"])
-    residual = torch.randn(p["batch"], p["cout"], p["tout"], generator=gen) if with_residual else None
-    launch = {"tiles": tiles, "split": split, "channels_n": False, "products": products, "residual": residual}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(f16_launch, "CHUNK_STEPS", 2)  # chunks: twins run them as programs of their own
-        one = tc.conv1d_f16x3(*args, **launch)
-        assert torch.equal(tc.conv1d_f16x3(*args, **launch, twin=True), one)
-
-
-@needs_interpreter
 @settings(max_examples=10, deadline=None)
 @given(conv_shapes, phase_counts, st.booleans(), st.booleans())
 def test_triton_interleave_of_phases_is_bit_for_bit(
