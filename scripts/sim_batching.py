@@ -175,7 +175,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--mode", choices=("stateful", "halo"), default="stateful",
-        help="halo: the streams decode halo windows (the device cost model applies; --replays is for steps)",
+        help="halo: the streams decode halo windows on the fixed and per-frame cost model (not with --replays)",
     )  # fmt: skip
     ap.add_argument("--first-call-ms", type=float, default=FIRST_CALL_DUE_S * 1e3)
     ap.add_argument("--edge-batch-limit", type=int, default=DEFAULT_EDGE_BATCH_LIMIT)
@@ -194,7 +194,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--budget-s", type=float, default=600.0)
     ap.add_argument("--out", default=None, help="write the sweep, with each point's timeline, as JSON here")
-    asyncio.run(_run(ap.parse_args()))
+    args = ap.parse_args()
+    if args.mode == "halo" and args.replays:  # the table prices stateful calls only: it would model nothing
+        ap.error(
+            "--replays prices stateful steps, primes and flushes; --mode halo uses the fixed and per-frame costs"
+        )
+    asyncio.run(_run(args))
 
 
 if __name__ == "__main__":
