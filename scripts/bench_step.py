@@ -11,7 +11,9 @@ process of its own (same commit, same GPU, one after the other), and the JSON ho
 ``--against DIR`` also times the packed steps of another checkout of the package (``git worktree add DIR
 COMMIT``, or an unpacked ``git archive``), imported from ``DIR`` in a child of its own, in the same run:
 what a change did to a step's cost. ``--modes`` picks the switch settings of this checkout to time
-(``no-dependent-launch``: packed, every kernel launched after the one before has finished). Each step's
+(``no-dependent-launch``: packed, every kernel launched after the one before has finished;
+``triton-conv``: packed, every convolution on the Triton kernel instead of the warp-specialized one where
+that runs). Each step's
 output after its last timed replay is digested, so the JSON also says whether two runs gave the same bits.
 """
 
@@ -35,6 +37,7 @@ _MODES = {
     "packed": {"STREAMDEC_PACK_SHORT_ROWS": "1"},
     "one-row": {"STREAMDEC_PACK_SHORT_ROWS": "0"},
     "no-dependent-launch": {"STREAMDEC_PACK_SHORT_ROWS": "1", "STREAMDEC_DEPENDENT_LAUNCH": "0"},
+    "triton-conv": {"STREAMDEC_PACK_SHORT_ROWS": "1", "STREAMDEC_SPECIALIZED_CONV": "0"},
 }
 
 

@@ -14,12 +14,12 @@ best launch of each call, so the gain a better planner could make shows::
     python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
 
 The baseline is the Triton kernel with the output channels along the GEMM's M. ``--variants`` also times
-each call with the pipelined Gluon kernel at the same launch (``pipelined``) and with the output channels
+each call with the warp-specialized Gluon kernel at the same launch (``specialized``) and with the output channels
 along N (``channels_n``, layers of up to ``--channels-n-max`` channels), and checks their bits against the
 baseline; ``planned_ms`` sums what the planner picks now. ``--whole 16x70 1x70`` adds the calls of
 whole-clip decodes; ``--tiles`` with no value skips the launch sweep::
 
-    python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --variants pipelined
+    python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --variants specialized
 """
 
 from __future__ import annotations
@@ -105,7 +105,10 @@ def describe(call: Call) -> dict[str, Any]:
 
 #: kernel variants timed beside the Triton kernel with the output channels along M (``--variants``)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "pipelined": {"pipelined": True, "channels_n": False},  # the Gluon kernel, same launch
+    "specialized": {
+        "specialized": True,
+        "channels_n": False,
+    },  # the warp-specialized Gluon kernel, same launch
     "channels_n": {"channels_n": True},  # the output channels along the GEMM's N
 }
 
@@ -123,7 +126,7 @@ def measure(
     def run(**launch: Any) -> Tensor:
         return t16.conv1d_f16x3(*args, **kwargs, **launch)
 
-    base = {"pipelined": False, "channels_n": False}
+    base = {"specialized": False, "channels_n": False}
     default = run(**base)
     row = describe(call)
     row["ms"] = graph_ms(lambda: run(**base), reps=reps)
@@ -180,8 +183,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument(
         "--variants", nargs="*", default=[], choices=sorted(VARIANTS),
-        help="also time every call with these kernels and check their bits against the baseline: pipelined "
-        "(the Gluon kernel, same launch), channels_n (output channels along N, layers up to --channels-n-max)",
+        help="also time every call with these kernels and check their bits against the baseline: specialized "
+        "(the warp-specialized Gluon kernel, same launch), channels_n (output channels along N, layers up to "
+        "--channels-n-max)",
     )  # fmt: skip
     ap.add_argument("--channels-n-max", type=int, default=192)
     ap.add_argument(

@@ -6,7 +6,7 @@ compile and warm up, then once inside the NVTX range ``conv``, so that Nsight Co
 launch per case::
 
     ncu --nvtx --nvtx-include "conv/" --section SpeedOfLight --section WarpStateStats \\
-        python3 scripts/profile_conv_calls.py --pipelined 0
+        python3 scripts/profile_conv_calls.py --specialized 0
 
 The default cases are auk-24k's heaviest step calls of each launch family at 256 streams x 4 frames:
 the 768-channel layer (packed 64 x 64 tiles), the 384-channel one (packed 128 x 128) and the 192-, 96-, 48-
@@ -32,7 +32,7 @@ DEFAULT_CASES = [
 ]  # fmt: skip
 
 
-def run_case(spec: str, pipelined: bool) -> None:
+def run_case(spec: str, specialized: bool) -> None:
     batch, cin, cout, ksize, dilation, tout = (int(v) for v in spec.split(":"))
     gen = torch.Generator(device="cuda").manual_seed(cin + ksize)
     x = torch.randn(batch, cin, tout + (ksize - 1) * dilation, device="cuda", generator=gen)
@@ -44,7 +44,7 @@ def run_case(spec: str, pipelined: bool) -> None:
         if profiled:
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push("conv")
-        tc.conv1d_f16x3(*args, residual=residual, pipelined=pipelined)
+        tc.conv1d_f16x3(*args, residual=residual, specialized=specialized)
         if profiled:
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_pop()
@@ -58,11 +58,13 @@ def run_case(spec: str, pipelined: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="BATCH:CIN:COUT:K:DIL:TOUT")
-    ap.add_argument("--pipelined", type=int, choices=(0, 1), default=0, help="1: the Gluon kernel")
+    ap.add_argument(
+        "--specialized", type=int, choices=(0, 1), default=0, help="1: the warp-specialized Gluon kernel"
+    )
     args = ap.parse_args()
     with torch.inference_mode():
         for spec in args.cases:
-            run_case(spec, bool(args.pipelined))
+            run_case(spec, bool(args.specialized))
 
 
 if __name__ == "__main__":

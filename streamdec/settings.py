@@ -35,9 +35,9 @@ __all__ = [
     "NO_GRAPHS",
     "PACK_SHORT_ROWS",
     "PARALLEL_COMPILE",
-    "PIPELINED_CONV",
     "REQUIRE_REF",
     "SETTINGS",
+    "SPECIALIZED_CONV",
     "TOKEN",
     "TRITON_CONV",
     "Moment",
@@ -134,12 +134,11 @@ PACK_SHORT_ROWS = _switch(
     "convolution and the fused activation; off, every row gets programs of its own, as whole clips do. "
     "Results are bit-identical either way; the switch exists to measure the difference.",
 )  # fmt: skip
-PIPELINED_CONV = _switch(
-    "STREAMDEC_PIPELINED_CONV", False, "import",
-    "Run the `fp16x3` split convolution as the Gluon kernel that keeps one step's tensor-core products in "
-    "flight while it adds the step before, instead of the Triton kernel that waits for each step. Results "
-    "are bit-identical either way; on an H200 it is not faster in a step (docs/kernels.md), so it is off by "
-    "default.",
+SPECIALIZED_CONV = _switch(
+    "STREAMDEC_SPECIALIZED_CONV", True, "import",
+    "Run the `fp16x3` split convolution's 128-channel tiles on Hopper GPUs as the warp-specialized Gluon "
+    "kernel (a producer warp loading, two consumer warpgroups multiplying), which is faster there; off, "
+    "the Triton kernel runs every launch. Results are bit-identical either way (docs/kernels.md).",
 )  # fmt: skip
 DEPENDENT_LAUNCH = _switch(
     "STREAMDEC_DEPENDENT_LAUNCH", True, "import",

@@ -1,23 +1,28 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator,no-any-return,attr-defined"
-"""The float16 split convolution in Gluon: the same arithmetic as :mod:`._triton_conv_f16`, pipelined.
+"""The float16 split convolution in Gluon, warp-specialized: the Triton kernel's arithmetic, its steps
+never waiting on their own loads or on each other's products.
 
-Triton's ``tl.dot`` kernel waits for every step's products before it adds them to the running sum
-(``wgmma.wait_group 0`` after each step): the tensor cores idle while the step's float32 add, the
-next step's barrier wait and its issue run. Here the wait is explicit, so each step's three products
-are issued *before* the previous step's are waited for and added (``warpgroup_mma_wait(3)``): the
-tensor cores always have a step in flight. The arithmetic is unchanged: each step's products go into a
-fresh accumulator in the same order (``w_lo x_hi``, ``w_hi x_lo``, ``w_hi x_hi``), each step's part is
-added to its chunk's sum in step order in plain float32, and the chunks are added in order from zero. So
-every output is bit for bit what the Triton kernel gives, across batches, tiles and packing.
+In Triton's ``tl.dot`` kernel every warp of a program does everything in turn: it waits for a step's
+boxes, issues one product, waits for it, issues the next (three waits a step), adds, and then all warps
+meet at a barrier to issue the next TMA copies. With one 128 x 128 program a multiprocessor, the tensor
+cores idle through each of those waits (Nsight Compute: over half of the warps' samples at the waits
+after each product and at the copies' barriers, docs/kernels.md). Here the work is split by role
+(``gl.warp_specialize``):
 
-Two accumulators in flight and the chunk's sum already fill 192 registers a thread at 128 x 128 on
-8 warps; the sum of the chunks before (a fourth) would spill, so a program that runs several chunks
-keeps that sum in its output tile instead: written raw at the end of its first chunk, read back, added
-to and written at the end of each later one (``_flush``), read a last time by the epilogue. The same adds
-in the same order as keeping it in registers.
+- one **producer** warp issues each step's four TMA copies into the next free stage as soon as the
+  consumers have released it, ``STAGES`` steps ahead, and never touches the tensor cores;
+- one **consumer** warpgroup per 64 output channels of the tile (two at 128 x 128, sharing each stage's
+  input box) waits for its stage, issues the step's three products as one chain into a fresh accumulator
+  (``w_lo x_hi``, ``w_hi x_lo``, ``w_hi x_hi``, as the Triton kernel orders them), waits once, releases
+  the stage and adds the step to its chunk's sum in plain float32. While one consumer adds or waits, the
+  other's products keep the tensor cores busy; no consumer waits for the other.
 
-Operands arrive by TMA, ``STAGES`` steps ahead, into 128-byte-swizzled shared memory, one mbarrier per
-stage; a stage is refilled once the products that read it are known to be complete (the wait above).
+The arithmetic is unchanged: the same products in the same order into a fresh accumulator every step,
+the same float32 adds in step order, chunks summed in order from zero, the same epilogue. So every output
+is bit for bit what the Triton kernel gives, across batches, tiles and packing (tested on the GPU). The
+register file is shared out by ``setmaxnreg``: the producer keeps few, each consumer about 232, which
+holds a step's products, its chunk's sum and the sum of the chunks before without spilling.
+
 Packed short rows read a 3-D box ``[ROWS, 8, BLOCK_K]`` of the ``[B, TIN, CP]`` input whose shared
 memory is the 2-D ``[BLOCK_N, BLOCK_K]`` operand already (8 samples of 64 float16 channels are one
 swizzle atom). The launch, the chunk-sum kernel for split-K and every argument are the Triton
@@ -37,6 +42,13 @@ _RUNTIME_SIZES = [
     "B", "COUT", "TIN", "TOUT", "DIL", "KSIZE", "CHUNK", "NCHUNK", "RES_ROW", "RES_CHAN", "RES_LEN", "TAIL_ROW",
     "TAIL_CHAN",
 ]  # fmt: skip
+
+# Output channels a consumer warpgroup computes (wgmma's M for four warps).
+GROUP_ROWS = gl.constexpr(64)
+# Registers a thread of each role keeps (``setmaxnreg``, multiples of 8). The producer issues copies only;
+# a consumer holds three 64 x 128 float32 sets (a step's products, its chunk's sum, the chunks' total).
+PRODUCER_REGISTERS = gl.constexpr(40)
+CONSUMER_REGISTERS = gl.constexpr(232)
 
 
 @gluon.constexpr_function
@@ -91,19 +103,6 @@ def _operand(x_s, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROWS: gl.constex
 
 
 @gluon.jit
-def _products(stages, spare, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROWS: gl.constexpr):
-    """Issue one step's three products into a fresh accumulator (``spare``'s registers; its value is not
-    read), in the Triton kernel's order; returns the accumulator in flight."""
-    w_hi_s, w_lo_s, x_hi_s, x_lo_s = stages
-    x_hi = _operand(x_hi_s, BLOCK_N, BLOCK_K, ROWS)
-    x_lo = _operand(x_lo_s, BLOCK_N, BLOCK_K, ROWS)
-    part = warpgroup_mma(w_lo_s, x_hi, spare, use_acc=False, is_async=True)
-    part = warpgroup_mma(w_hi_s, x_lo, part, is_async=True)
-    part = warpgroup_mma(w_hi_s, x_hi, part, is_async=True)
-    return part
-
-
-@gluon.jit
 def _tile(batch, first, m0, n0, B, COUT, TOUT, layout: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_N: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
     """The tile's output addressing in the accumulator's layout: channels, each column's sample and its
@@ -131,50 +130,140 @@ def _tile(batch, first, m0, n0, B, COUT, TOUT, layout: gl.constexpr, BLOCK_M: gl
 
 
 @gluon.jit
-def _flush(acc, flushed, out_ptr, batch, first, m0, n0, B, COUT, TOUT, layout: gl.constexpr,
-           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr):  # fmt: skip
-    """A chunk that is not the program's last ended: its sum joins those of the chunks before it, kept in
-    the output tile (module docstring). Returns how many chunks the tile holds now."""
-    _, _, _, mask, local, corner = _tile(
-        batch, first, m0, n0, B, COUT, TOUT, layout, BLOCK_M, BLOCK_N, ROWS, SPLIT
-    )
-    ptrs = out_ptr + corner + local
-    if flushed == 0:
-        gl.store(ptrs, acc, mask=mask)
-    else:
-        gl.store(ptrs, gl.load(ptrs, mask=mask, other=0.0) + acc, mask=mask)
-    return flushed + 1
+def _produce(descs, bufs, geometry, BLOCK_K: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: each step's four boxes into the next free stage, as soon as the consumers have
+    released it (``empty``), announced on ``ready`` by their bytes."""
+    x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc = descs
+    w_hi_s, w_lo_s, x_hi_s, x_lo_s, ready, empty = bufs
+    s_begin, count, k_blocks, batch, TIN, COUT, DIL, m0, n0 = geometry
+    for g in range(count):
+        stage = g % STAGES
+        # a fresh mbarrier counts as having completed the phase before its first, so the first pass through
+        # the stages does not wait
+        mbarrier.wait(empty.index(stage), ((g // STAGES) & 1) ^ 1)
+        _load_step(
+            x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc,
+            (w_hi_s.index(stage), w_lo_s.index(stage), x_hi_s.index(stage), x_lo_s.index(stage)),
+            ready.index(stage), s_begin + g, k_blocks, batch, TIN, COUT, DIL, m0, n0, BLOCK_K, ROWS,
+        )  # fmt: skip
 
 
 @gluon.jit
-def _issue(bufs, bars, g, spare, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROWS: gl.constexpr,
-           STAGES: gl.constexpr):  # fmt: skip
-    """Wait for step ``g``'s operands, then issue its products into ``spare``'s registers."""
-    w_hi_s, w_lo_s, x_hi_s, x_lo_s = bufs
-    stage = g % STAGES
-    mbarrier.wait(bars.index(stage), (g // STAGES) & 1)
-    return _products(
-        (w_hi_s.index(stage), w_lo_s.index(stage), x_hi_s.index(stage), x_lo_s.index(stage)), spare, BLOCK_N,
-        BLOCK_K, ROWS,
+def _consume(bufs, work, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+             ROWS: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, HAS_RES: gl.constexpr,
+             RES_PARTS: gl.constexpr, HAS_BIAS: gl.constexpr, CHUNKED: gl.constexpr):  # fmt: skip
+    """A consumer warpgroup: output channels ``GROUP * 64 ..`` of the tile. Each step waits for its stage,
+    issues the three products into a fresh accumulator as one chain (no wait between them), waits for
+    them, releases the stage and adds the step to its chunk's sum; then the epilogue."""
+    w_hi_s, w_lo_s, x_hi_s, x_lo_s, ready, empty = bufs
+    (count, CHUNK, chunks, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0, n0, B, COUT,
+     TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN) = work  # fmt: skip
+    layout: gl.constexpr = _mma_layout(GROUP_ROWS, BLOCK_N, 4)
+    # The products' registers are only ever written by wgmma (a first product that ignores their value):
+    # ptxas serializes every wgmma whose accumulator a plain instruction writes.
+    part = gl.zeros((GROUP_ROWS, BLOCK_N), dtype=gl.float32, layout=layout)
+    total = gl.zeros((GROUP_ROWS, BLOCK_N), dtype=gl.float32, layout=layout)
+    g = 0
+    for _ in range(chunks):
+        acc = gl.zeros((GROUP_ROWS, BLOCK_N), dtype=gl.float32, layout=layout)
+        end = gl.minimum(g + CHUNK, count)
+        while g < end:
+            stage = g % STAGES
+            mbarrier.wait(ready.index(stage), (g // STAGES) & 1)
+            if BLOCK_M == GROUP_ROWS:
+                w_hi = w_hi_s.index(stage)
+                w_lo = w_lo_s.index(stage)
+            else:  # 64 rows of the stage's weight box (a whole number of swizzle atoms: a view)
+                w_hi = w_hi_s.index(stage).slice(GROUP * GROUP_ROWS, GROUP_ROWS, dim=0)
+                w_lo = w_lo_s.index(stage).slice(GROUP * GROUP_ROWS, GROUP_ROWS, dim=0)
+            x_hi = _operand(x_hi_s.index(stage), BLOCK_N, BLOCK_K, ROWS)
+            x_lo = _operand(x_lo_s.index(stage), BLOCK_N, BLOCK_K, ROWS)
+            chain = warpgroup_mma(w_lo, x_hi, part, use_acc=False, is_async=True)
+            chain = warpgroup_mma(w_hi, x_lo, chain, is_async=True)
+            chain = warpgroup_mma(w_hi, x_hi, chain, is_async=True)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=(chain,))
+            mbarrier.arrive(empty.index(stage), count=1)  # the products have read the stage
+            acc = acc + part
+            g += 1
+        if CHUNKED:  # noqa: SIM108 (a constexpr: one chunk keeps no third register set)
+            total = total + acc  # the chunks in order from zero, as the Triton kernel adds them
+        else:
+            total = acc
+    _epilogue(
+        total, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0 + GROUP * GROUP_ROWS,
+        n0, B, COUT, TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, layout, GROUP_ROWS, BLOCK_N, ROWS, SPLIT,
+        HAS_RES, RES_PARTS, HAS_BIAS,
     )  # fmt: skip
 
 
-@gluon.jit
-def _refill(
-    descs, bufs, bars, done, geometry, BLOCK_K: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr
-):
-    """Step ``done``'s products are complete, so its stage is free: load the step ``STAGES`` later into it."""
-    x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc = descs
-    w_hi_s, w_lo_s, x_hi_s, x_lo_s = bufs
-    s_begin, count, k_blocks, batch, TIN, COUT, DIL, m0, n0 = geometry
-    step = done + STAGES
-    if step < count:
-        free = done % STAGES
-        _load_step(
-            x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc,
-            (w_hi_s.index(free), w_lo_s.index(free), x_hi_s.index(free), x_lo_s.index(free)), bars.index(free),
-            s_begin + step, k_blocks, batch, TIN, COUT, DIL, m0, n0, BLOCK_K, ROWS,
-        )  # fmt: skip
+@gluon.jit(do_not_specialize=_RUNTIME_SIZES)
+def _conv1d_f16x3_gluon_kernel(
+    x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr,
+    live_ptr, B, CP, COUT, TIN, TOUT, DIL, CHUNK, NCHUNK, KSIZE, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN,
+    HAS_RES: gl.constexpr, RES_PARTS: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROWS: gl.constexpr,
+    STAGES: gl.constexpr, CHUNKED: gl.constexpr, HAS_LIVE: gl.constexpr = False, DEPENDENT: gl.constexpr = False,
+):  # fmt: skip
+    # Arguments as :func:`streamdec.kernels._triton_conv_f16._conv1d_f16x3_kernel`'s (three products only);
+    # CHUNKED: a program runs several chunks (the launch's chunks > 1, not split).
+    _wait_for_inputs(DEPENDENT)
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    pid_z = gl.program_id(2)
+    if SPLIT:
+        batch = pid_z // NCHUNK * ROWS
+        first = pid_z % NCHUNK
+        chunks = 1
+    else:
+        batch = pid_z * ROWS
+        first = pid_z * 0
+        chunks = NCHUNK
+    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
+        if batch >= gl.load(live_ptr):  # padding rows only (they come last): nothing to compute
+            return
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * (BLOCK_N // ROWS)
+    k_blocks = CP // BLOCK_K
+    s_begin = first * CHUNK
+    count = gl.minimum(KSIZE * k_blocks, (first + chunks) * CHUNK) - s_begin  # this program's steps
+
+    w_hi_s = gl.allocate_shared_memory(
+        gl.float16, _staged(STAGES, w_hi_desc.block_type.shape), w_hi_desc.layout
+    )
+    w_lo_s = gl.allocate_shared_memory(
+        gl.float16, _staged(STAGES, w_lo_desc.block_type.shape), w_lo_desc.layout
+    )
+    x_hi_s = gl.allocate_shared_memory(
+        gl.float16, _staged(STAGES, x_hi_desc.block_type.shape), x_hi_desc.layout
+    )
+    x_lo_s = gl.allocate_shared_memory(
+        gl.float16, _staged(STAGES, x_lo_desc.block_type.shape), x_lo_desc.layout
+    )
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=BLOCK_M // GROUP_ROWS)  # one arrival from each consumer
+
+    bufs = (w_hi_s, w_lo_s, x_hi_s, x_lo_s, ready, empty)
+    work = (count, CHUNK, chunks, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0, n0,
+            B, COUT, TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN)  # fmt: skip
+    descs = (x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc)
+    geometry = (s_begin, count, k_blocks, batch, TIN, COUT, DIL, m0, n0)
+    if BLOCK_M == GROUP_ROWS:
+        gl.warp_specialize([
+            (_consume, (bufs, work, 0, BLOCK_M, BLOCK_N, BLOCK_K, ROWS, STAGES, SPLIT, HAS_RES, RES_PARTS, HAS_BIAS,
+                        CHUNKED)),
+            (_produce, (descs, bufs, geometry, BLOCK_K, ROWS, STAGES)),
+        ], [1], [PRODUCER_REGISTERS])  # fmt: skip
+    else:
+        gl.warp_specialize([
+            (_consume, (bufs, work, 0, BLOCK_M, BLOCK_N, BLOCK_K, ROWS, STAGES, SPLIT, HAS_RES, RES_PARTS, HAS_BIAS,
+                        CHUNKED)),
+            (_consume, (bufs, work, 1, BLOCK_M, BLOCK_N, BLOCK_K, ROWS, STAGES, SPLIT, HAS_RES, RES_PARTS, HAS_BIAS,
+                        CHUNKED)),
+            (_produce, (descs, bufs, geometry, BLOCK_K, ROWS, STAGES)),
+        ], [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
 
 
 @gluon.jit
@@ -190,152 +279,19 @@ def _wait_for_inputs(DEPENDENT: gl.constexpr):
         )
 
 
-@gluon.jit(do_not_specialize=_RUNTIME_SIZES)
-def _conv1d_f16x3_gluon_kernel(
-    x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr,
-    live_ptr, B, CP, COUT, TIN, TOUT, DIL, CHUNK, NCHUNK, KSIZE, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN,
-    HAS_RES: gl.constexpr, RES_PARTS: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROWS: gl.constexpr,
-    STAGES: gl.constexpr, HAS_LIVE: gl.constexpr = False, DEPENDENT: gl.constexpr = False,
-):  # fmt: skip
-    # Arguments as :func:`streamdec.kernels._triton_conv_f16._conv1d_f16x3_kernel`'s (three products only).
-    _wait_for_inputs(DEPENDENT)
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
-    pid_z = gl.program_id(2)
-    if SPLIT:
-        batch = pid_z // NCHUNK * ROWS
-        first = pid_z % NCHUNK
-        last = first + 1
-    else:
-        batch = pid_z * ROWS
-        first = pid_z * 0
-        last = NCHUNK
-    if HAS_LIVE:  # noqa: SIM102 (a constexpr: without it no load at all)
-        if batch >= gl.load(live_ptr):  # padding rows only (they come last): nothing to compute
-            return
-    m0 = pid_m * BLOCK_M
-    n0 = pid_n * (BLOCK_N // ROWS)
-    k_blocks = CP // BLOCK_K
-    s_begin = first * CHUNK
-    count = gl.minimum(KSIZE * k_blocks, last * CHUNK) - s_begin  # this program's steps
-
-    layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, gl.num_warps())
-    w_hi_s = gl.allocate_shared_memory(
-        gl.float16, _staged(STAGES, w_hi_desc.block_type.shape), w_hi_desc.layout
-    )
-    w_lo_s = gl.allocate_shared_memory(
-        gl.float16, _staged(STAGES, w_lo_desc.block_type.shape), w_lo_desc.layout
-    )
-    x_hi_s = gl.allocate_shared_memory(
-        gl.float16, _staged(STAGES, x_hi_desc.block_type.shape), x_hi_desc.layout
-    )
-    x_lo_s = gl.allocate_shared_memory(
-        gl.float16, _staged(STAGES, x_lo_desc.block_type.shape), x_lo_desc.layout
-    )
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(bars.index(s), count=1)
-    for s in gl.static_range(STAGES):  # every stage is free at the start
-        if s < count:
-            _load_step(
-                x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc,
-                (w_hi_s.index(s), w_lo_s.index(s), x_hi_s.index(s), x_lo_s.index(s)), bars.index(s), s_begin + s,
-                k_blocks, batch, TIN, COUT, DIL, m0, n0, BLOCK_K, ROWS,
-            )  # fmt: skip
-
-    descs = (x_hi_desc, x_lo_desc, w_hi_desc, w_lo_desc)
-    bufs = (w_hi_s, w_lo_s, x_hi_s, x_lo_s)
-    geometry = (s_begin, count, k_blocks, batch, TIN, COUT, DIL, m0, n0)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    # Two register sets take turns holding a step's products in flight, X for one step and Y for the next.
-    # Unrolled by two, each keeps its role across the loop's back edge: a loop that swapped them would copy
-    # 64 registers a thread each way, and ptxas serializes every wgmma whose accumulator registers a
-    # non-wgmma instruction writes.
-    spare_x = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    spare_y = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    flushed = 0
-    g = 0  # this program's steps issued so far
-    for chunk in range(first, last):
-        end = gl.minimum(g + CHUNK, count)
-        cur_x = _issue(bufs, bars, g, spare_x, BLOCK_N, BLOCK_K, ROWS, STAGES)
-        g += 1
-        for _ in range((end - g) // 2):
-            cur_y = _issue(bufs, bars, g, spare_y, BLOCK_N, BLOCK_K, ROWS, STAGES)
-            spare_x = warpgroup_mma_wait(num_outstanding=3, deps=(cur_x,))  # step g - 1 is complete
-            acc = acc + spare_x
-            _refill(descs, bufs, bars, g - 1, geometry, BLOCK_K, ROWS, STAGES)
-            g += 1
-            cur_x = _issue(bufs, bars, g, spare_x, BLOCK_N, BLOCK_K, ROWS, STAGES)
-            spare_y = warpgroup_mma_wait(num_outstanding=3, deps=(cur_y,))
-            acc = acc + spare_y
-            _refill(descs, bufs, bars, g - 1, geometry, BLOCK_K, ROWS, STAGES)
-            g += 1
-        if g < end:  # an even number of steps in the chunk: one more
-            cur_y = _issue(bufs, bars, g, spare_y, BLOCK_N, BLOCK_K, ROWS, STAGES)
-            spare_x = warpgroup_mma_wait(num_outstanding=3, deps=(cur_x,))
-            acc = acc + spare_x
-            _refill(descs, bufs, bars, g - 1, geometry, BLOCK_K, ROWS, STAGES)
-            g += 1
-            spare_y = warpgroup_mma_wait(num_outstanding=0, deps=(cur_y,))
-            acc = acc + spare_y
-        else:
-            spare_x = warpgroup_mma_wait(num_outstanding=0, deps=(cur_x,))
-            acc = acc + spare_x
-        _refill(descs, bufs, bars, g - 1, geometry, BLOCK_K, ROWS, STAGES)
-        if chunk + 1 < last:  # not the program's last chunk: its sum joins the tile's
-            # the spare sets' values are never read: made anew, they are not live through the flush
-            spare_x = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-            spare_y = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-            flushed = _flush(acc, flushed, out_ptr, batch, first, m0, n0, B, COUT, TOUT, layout, BLOCK_M, BLOCK_N,
-                             ROWS, SPLIT)  # fmt: skip
-            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=layout)
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(s))
-
-    # The epilogue reads the sums back from shared memory a slab of rows at a time, in a layout whose
-    # threads run along the samples: from the accumulator's own registers, its 64-bit addresses spilled.
-    slab: gl.constexpr = _EPILOGUE_SLAB
-    epi: gl.constexpr = _epilogue_layout(BLOCK_N, gl.num_warps())
-    sums = gl.allocate_shared_memory(
-        gl.float32, [BLOCK_M, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    )
-    sums.store(acc)
-    gl.thread_barrier()
-    for r in gl.static_range(BLOCK_M // slab):
-        part = sums.slice(r * slab, slab, dim=0).load(epi)
-        _epilogue(
-            part, flushed, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0 + r * slab,
-            n0, B, COUT, TOUT, RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, epi, slab, BLOCK_N, ROWS, SPLIT,
-            HAS_RES, RES_PARTS, HAS_BIAS,
-        )  # fmt: skip
-
-
-_EPILOGUE_SLAB = gl.constexpr(16)  # rows of the output tile the epilogue handles at a time
-
-
-@gluon.constexpr_function
-def _epilogue_layout(block_n, num_warps):
-    """Threads along the samples, four consecutive ones each (one 16-byte store), warps down the rows."""
-    lanes = min(32, block_n // 4)
-    return gl.BlockedLayout([1, 4], [32 // lanes, lanes], [num_warps, 1], [1, 0])
-
-
 @gluon.jit
 def _epilogue(
-    total, flushed, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0, n0, B, COUT, TOUT,
+    total, x_inv_ptr, w_inv_ptr, bias_ptr, res_ptr, tail_ptr, out_ptr, batch, first, m0, n0, B, COUT, TOUT,
     RES_ROW, RES_CHAN, RES_LEN, TAIL_ROW, TAIL_CHAN, layout: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, ROWS: gl.constexpr, SPLIT: gl.constexpr, HAS_RES: gl.constexpr, RES_PARTS: gl.constexpr,
     HAS_BIAS: gl.constexpr,
 ):  # fmt: skip
-    """Rows ``m0 ..`` of the tile (``BLOCK_M`` of them, in ``layout``): add the chunks kept in the tile, then
-    unscale, add the bias and the residual, and store; with ``SPLIT``, store the raw chunk sums."""
+    """Rows ``m0 ..`` of the tile (``BLOCK_M`` of them, in ``layout``): unscale, add the bias and the
+    residual, and store; with ``SPLIT``, store the raw chunk sum."""
     offs_m, offs_n, later, mask, local, corner = _tile(
         batch, first, m0, n0, B, COUT, TOUT, layout, BLOCK_M, BLOCK_N, ROWS, SPLIT
     )
     ptrs = out_ptr + corner + local
-    if flushed > 0:  # the chunks before, kept in the tile, then this one: in order, as from zero
-        total = gl.load(ptrs, mask=mask, other=0.0) + total
     if SPLIT:
         gl.store(ptrs, total, mask=mask)
     else:
@@ -376,7 +332,19 @@ def gluon_descriptor(tensor, shape: list[int], strides: list[int], block: list[i
     return TensorDescriptor(tensor, shape, strides, block, _layout(block))
 
 
-def launch_gluon_conv(grid, descs, pointers, sizes, *, stages: int, warps: int, **constexprs) -> None:
+def launch_gluon_conv(
+    grid, descs, pointers, sizes, *, stages: int, block_m: int, split: bool, chunks: int, **constexprs
+) -> None:
     """Launch the kernel: ``descs`` the four operand descriptors, ``pointers`` the seven tensors (the live
-    row count last), ``sizes`` the fourteen integers, in the Triton kernel's order."""
-    _conv1d_f16x3_gluon_kernel[grid](*descs, *pointers, *sizes, STAGES=stages, num_warps=warps, **constexprs)
+    row count last), ``sizes`` the fourteen integers, in the Triton kernel's order; ``block_m`` 64 or 128
+    (one consumer warpgroup per 64 output channels)."""
+    if block_m not in (64, 128):
+        raise ValueError(f"the warp-specialized convolution takes 64- or 128-channel tiles, not {block_m}")
+    # The register limit at launch is what setmaxnreg then shares out among the warpgroups: 128 x 128, two
+    # consumers and the producer's group in one program a multiprocessor (2 x 232 + 40 <= 3 x 168); 64-row
+    # tiles, one consumer and the producer's group in each of the two programs a multiprocessor that the
+    # planner's stages assume (216 + 40 <= 2 x 128).
+    _conv1d_f16x3_gluon_kernel[grid](
+        *descs, *pointers, *sizes, STAGES=stages, BLOCK_M=block_m, SPLIT=split, CHUNKED=chunks > 1 and not split,
+        num_warps=4, maxnreg=168 if block_m == 128 else 128, **constexprs,
+    )  # fmt: skip

@@ -29,6 +29,8 @@ residual may lie in two parts (:func:`_residual_tile`), as a stateful step's del
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from typing import Any
 
 import torch
@@ -623,7 +625,7 @@ def conv1d_f16x3(
     pack: bool | None = None,
     products: int = 3,
     residual_head: torch.Tensor | None = None,
-    pipelined: bool | None = None,
+    specialized: bool | None = None,
     channels_n: bool | None = None,
 ) -> torch.Tensor:
     """Split channels-last ``x_hi``/``x_lo`` [B, TIN, CP], packed ``w_hi``/``w_lo`` [KSIZE, COUT, CP]
@@ -645,13 +647,14 @@ def conv1d_f16x3(
     ``products=1`` multiplies the heads only (the opt-in ``"fp16"`` precision: ``x_lo`` and ``w_lo``
     are never read, the products accumulate in the tensor cores).
 
-    ``pipelined`` (default :data:`streamdec.kernels.sizing.PIPELINED_CONV`) runs three products through
-    :mod:`streamdec.kernels._gluon_conv_f16`, which keeps a step's products in flight while it adds the
-    previous step's: the same bits.
+    ``specialized`` runs three products through the warp-specialized Gluon kernel
+    (:mod:`streamdec.kernels._gluon_conv_f16`): the same bits. By default it takes the launches of
+    128-channel tiles on Hopper GPUs (with :data:`streamdec.kernels.sizing.SPECIALIZED_CONV` on), where it
+    is faster; the Triton kernel takes the rest.
 
     ``channels_n`` (default :func:`streamdec.kernels.f16_launch.channels_as_n`, by the output channels)
     runs the layer with its output channels along the GEMM's N (:func:`_conv_channels_n`); ``tiles`` then
-    means samples x channels, and ``split``, ``pack`` and ``pipelined`` do not apply.
+    means samples x channels, and ``split``, ``pack`` and ``specialized`` do not apply.
     """
     if products not in (1, 3):
         raise ShapeError(f"conv1d_f16x3 takes products=3 (split) or 1 (heads only), got {products}")
@@ -672,7 +675,7 @@ def conv1d_f16x3(
             )
         plain = conv1d_f16x3(
             x_hi, x_lo, x_inv, w_hi, w_lo, w_inv, bias, dilation, tiles, split, pack=pack, products=products,
-            pipelined=pipelined, channels_n=channels_n,
+            specialized=specialized, channels_n=channels_n,
         )  # fmt: skip
         out = interleave(plain, phases)
         return out if residual is None else residual + out
@@ -708,13 +711,17 @@ def conv1d_f16x3(
         "HAS_BIAS": bias is not None, "SPLIT": launch.split, "BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n,
         "BLOCK_K": launch.block_k, "ROWS": launch.rows,
     }  # fmt: skip
-    if products == 3 and (sizing.PIPELINED_CONV if pipelined is None else pipelined):
+    if specialized is None:
+        specialized = sizing.SPECIALIZED_CONV and launch.block_m == 128 and _specializes(y.device)
+    if products == 3 and specialized:
         from streamdec.kernels._gluon_conv_f16 import gluon_descriptor, launch_gluon_conv
 
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, gluon_descriptor)
+        flags = {k: v for k, v in flags.items() if k not in ("BLOCK_M", "SPLIT")}
         launch_gluon_conv(
-            launch.grid, descs, (*pointers, live_arg), sizes, stages=launch.stages, warps=launch.warps,
-            HAS_LIVE=live is not None, **flags, **dependent_launch(y.device),
+            launch.grid, descs, (*pointers, live_arg), sizes, stages=launch.stages, block_m=launch.block_m,
+            split=launch.split, chunks=launch.chunks, HAS_LIVE=live is not None, **flags,
+            **dependent_launch(y.device),
         )  # fmt: skip
     else:
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, TensorDescriptor)
@@ -730,6 +737,21 @@ def conv1d_f16x3(
             HAS_LIVE=live is not None, num_warps=4, **dependent_launch(y.device),
         )  # fmt: skip
     return y
+
+
+@functools.cache
+def _hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _specializes(device: torch.device) -> bool:
+    """Whether the warp-specialized kernel runs on ``device``: a Hopper GPU (its wgmma and register
+    sharing are sm_90's) with Triton's Gluon dialect importable."""
+    if device.type != "cuda" or triton.knobs.runtime.interpret:
+        return False
+    if not _hopper(device.index if device.index is not None else torch.cuda.current_device()):
+        return False
+    return importlib.util.find_spec("triton.experimental.gluon") is not None
 
 
 def _conv_channels_n(

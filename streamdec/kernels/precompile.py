@@ -233,6 +233,11 @@ def _compile_one(module: str, name: str, specialization: str, target: Any) -> No
     from triton.compiler import ASTSource, make_backend
 
     kernel = getattr(importlib.import_module(module), name)
+    source: Any = ASTSource
+    if type(kernel).__name__ == "GluonJITFunction":  # a Gluon kernel's source carries its layouts
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        source = GluonASTSource
     record = json.loads(specialization)
     constexprs = {
         tuple(path): (
@@ -249,7 +254,7 @@ def _compile_one(module: str, name: str, specialization: str, target: Any) -> No
     # JSON made the options' tuples lists; the options' hash (part of the cache key) needs them back.
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in record["options"].items()}
     parsed = make_backend(target).parse_options(options)
-    triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=parsed.__dict__)
+    triton.compile(source(kernel, signature, constexprs, attrs), target=target, options=parsed.__dict__)
 
 
 def _tuples(value: Any) -> Any:

@@ -11,7 +11,7 @@ __all__ = [
     "DOT_MIN_EXTENT",
     "INTERPRETER_SMS",
     "PACK_SHORT_ROWS",
-    "PIPELINED_CONV",
+    "SPECIALIZED_CONV",
     "WARPGROUP_ROWS",
     "activation_packs_rows",
     "pow2_block",
@@ -21,9 +21,9 @@ __all__ = [
 # Whether the float16 convolution and the fused activation pack several short rows into one program
 # (``STREAMDEC_PACK_SHORT_ROWS``). Read once at import: captured graphs trace the launches.
 PACK_SHORT_ROWS = settings.PACK_SHORT_ROWS.value()
-# Whether ``fp16x3`` convolutions run the pipelined Gluon kernel (``STREAMDEC_PIPELINED_CONV``); read once
-# at import, as above.
-PIPELINED_CONV = settings.PIPELINED_CONV.value()
+# Whether ``fp16x3`` convolutions of 128-channel tiles run the warp-specialized Gluon kernel on Hopper GPUs
+# (``STREAMDEC_SPECIALIZED_CONV``); read once at import, as above.
+SPECIALIZED_CONV = settings.SPECIALIZED_CONV.value()
 # Whether the Triton kernels launch as programmatic dependents of the launch before them
 # (``STREAMDEC_DEPENDENT_LAUNCH``; :mod:`streamdec.kernels._triton_dependent`); read once at import, as above.
 DEPENDENT_LAUNCH = settings.DEPENDENT_LAUNCH.value()

@@ -292,9 +292,9 @@ def test_a_residual_in_two_parts_is_read_where_it_lies(kept: int, tout: int, spl
     assert torch.equal(parts, whole)
 
 
-# Launch families of the pipelined kernel: packed step rows (64 x 64 and 128 x 128 tiles), one row a program
-# with several chunks (kept in the output tile between them), 64 x 128 tiles of a small layer, and one row.
-PIPELINED_CASES = [
+# Launch families of the warp-specialized kernel: packed step rows (64 x 64 and 128 x 128 tiles), one row a
+# program with several chunks, 64 x 128 tiles of a small layer, and one row.
+SPECIALIZED_CASES = [
     (256, 768, 11, 1, 20),  # packed, 3 chunks, split or not as the planner says
     (512, 768, 11, 1, 20),
     (256, 384, 7, 3, 80),
@@ -305,13 +305,13 @@ PIPELINED_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("batch", "channels", "ksize", "dilation", "tout"), PIPELINED_CASES)
+@pytest.mark.parametrize(("batch", "channels", "ksize", "dilation", "tout"), SPECIALIZED_CASES)
 @pytest.mark.parametrize("split", [None, False, True])
-def test_pipelined_kernel_gives_the_triton_kernels_bits(
+def test_specialized_kernel_gives_the_triton_kernels_bits(
     batch: int, channels: int, ksize: int, dilation: int, tout: int, split: bool | None
 ) -> None:
-    """The Gluon kernel that keeps a step's products in flight (``pipelined=True``) gives the Triton
-    kernel's bits at the same launch: with a bias, a residual, a residual in two parts, and split-K."""
+    """The warp-specialized Gluon kernel (``specialized=True``, whatever the tile) gives the Triton kernel's
+    bits at the same launch: with a bias, a residual, a residual in two parts, and split-K."""
     from streamdec.kernels import _triton_conv_f16 as tc
 
     x, w = layer_case(batch, channels, ksize, dilation, tout)
@@ -326,8 +326,8 @@ def test_pipelined_kernel_gives_the_triton_kernels_bits(
             {"residual": residual},
             {"residual": residual[..., kept:], "residual_head": residual[..., :kept]},
         ):
-            triton_out = tc.conv1d_f16x3(*args, split=split, pipelined=False, **extra)
-            gluon_out = tc.conv1d_f16x3(*args, split=split, pipelined=True, **extra)
+            triton_out = tc.conv1d_f16x3(*args, split=split, specialized=False, **extra)
+            gluon_out = tc.conv1d_f16x3(*args, split=split, specialized=True, **extra)
             assert torch.equal(gluon_out, triton_out), sorted(extra)
 
 

@@ -89,16 +89,18 @@ def test_float16_conv_kernel_compiles_for_sm90(
 
 
 @pytest.mark.parametrize(
-    ("rows", "block_m", "block_n", "block_k", "split", "parts", "warps"),
-    [(1, 128, 128, 64, False, False, 8), (16, 128, 128, 64, False, True, 8), (16, 128, 128, 64, True, False, 8),
-     (8, 64, 64, 64, False, True, 4), (1, 64, 128, 32, False, False, 4)],
+    ("rows", "block_m", "block_n", "block_k", "split", "parts", "stages", "chunked"),
+    [(1, 128, 128, 64, False, False, 3, True), (16, 128, 128, 64, False, True, 3, False),
+     (16, 128, 128, 64, True, False, 3, False), (8, 64, 64, 64, False, True, 4, False),
+     (1, 64, 128, 32, False, False, 4, False)],
 )  # fmt: skip
-def test_pipelined_conv_kernel_compiles_for_sm90(
-    rows: int, block_m: int, block_n: int, block_k: int, split: bool, parts: bool, warps: int,
+def test_specialized_conv_kernel_compiles_for_sm90(
+    rows: int, block_m: int, block_n: int, block_k: int, split: bool, parts: bool, stages: int, chunked: bool,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    """The Gluon kernel compiles for sm_90 in each launch family, keeps one step's products in flight (a
-    wait that leaves three wgmma groups outstanding) and does not serialize its wgmma instructions."""
+    """The warp-specialized Gluon kernel compiles for sm_90 in each launch family: its roles share the
+    registers out (setmaxnreg), and each consumer warpgroup waits for its products once a step, not after
+    each of the three."""
     triton = pytest.importorskip("triton")
     pytest.importorskip("triton.experimental.gluon")
     from triton.backends.compiler import GPUTarget
@@ -119,15 +121,15 @@ def test_pipelined_conv_kernel_compiles_for_sm90(
     signature |= _pointers_and_sizes()
     constants = {
         "HAS_RES": True, "RES_PARTS": parts, "HAS_BIAS": True, "SPLIT": split, "BLOCK_M": block_m,
-        "BLOCK_N": block_n, "BLOCK_K": block_k, "ROWS": rows, "STAGES": 3, "HAS_LIVE": rows > 1,
-        "DEPENDENT": parts,
+        "BLOCK_N": block_n, "BLOCK_K": block_k, "ROWS": rows, "STAGES": stages, "CHUNKED": chunked,
+        "HAS_LIVE": rows > 1, "DEPENDENT": parts,
     }  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
     names = list(signature)
     constexprs = {(names.index(name),): value for name, value in constants.items()}
 
     source = GluonASTSource(_conv1d_f16x3_gluon_kernel, signature, constexprs)
-    options = {"num_warps": warps, "launch_pdl": parts}
+    options = {"num_warps": 4, "launch_pdl": parts, "maxnreg": 168 if block_m == 128 else 128}
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
     ptx = compiled.asm["ptx"]
@@ -135,8 +137,11 @@ def test_pipelined_conv_kernel_compiles_for_sm90(
         assert (
             0 <= ptx.find("griddepcontrol.wait") < _first(ptx, "ld.global", "cp.async.bulk.tensor") < len(ptx)
         )
-    assert "wgmma.wait_group.sync.aligned 3;" in ptx  # a step's three groups stay in flight
-    assert "wgmma.mma_async" in ptx
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "setmaxnreg.dec" in ptx and "setmaxnreg.inc" in ptx  # the producer's registers go to the consumers
+    consumers = block_m // 64
+    assert ptx.count("wgmma.wait_group.sync.aligned") == consumers  # one wait a step in each consumer
+    assert ptx.count("wgmma.commit_group.sync.aligned") == 3 * consumers  # three products issued back to back
 
 
 @pytest.mark.parametrize("cout", [1, 24, 48, 96])
