@@ -130,6 +130,19 @@ def _tile(batch, first, m0, n0, B, COUT, TOUT, layout: gl.constexpr, BLOCK_M: gl
 
 
 @gluon.jit
+def _wait_for_inputs(DEPENDENT: gl.constexpr):
+    """:func:`streamdec.kernels._triton_dependent.wait_for_inputs` in Gluon: a programmatic dependent
+    launch's first statement waits for the kernel before, then lets the next one be placed."""
+    if DEPENDENT:
+        gl.inline_asm_elementwise(
+            "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+        gl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+
+
+@gluon.jit
 def _produce(descs, bufs, geometry, BLOCK_K: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr):
     """The producer warp: each step's four boxes into the next free stage, as soon as the consumers have
     released it (``empty``), announced on ``ready`` by their bytes."""
@@ -264,19 +277,6 @@ def _conv1d_f16x3_gluon_kernel(
                         CHUNKED)),
             (_produce, (descs, bufs, geometry, BLOCK_K, ROWS, STAGES)),
         ], [4, 1], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])  # fmt: skip
-
-
-@gluon.jit
-def _wait_for_inputs(DEPENDENT: gl.constexpr):
-    """:func:`streamdec.kernels._triton_dependent.wait_for_inputs` in Gluon: a programmatic dependent
-    launch's first statement waits for the kernel before, then lets the next one be placed."""
-    if DEPENDENT:
-        gl.inline_asm_elementwise(
-            "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
-        gl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-        )
 
 
 @gluon.jit
