@@ -10,15 +10,17 @@
 #   serving   scripts/serving_capacity_gpu.sh: the host path alone at 1,000 streams, the real engine at 512
 #             through `streamdec serve` and through StreamDecoder (docs/serving-capacity.md);
 #   kernels   whole fp16x3 decodes of 16 x 70 and 1 x 70, three repeats (docs/kernels.md);
+#   switch    captured 256 x 4 and 512 x 4 steps and 16 x 70 and 1 x 70 decodes with the warp-specialized
+#             convolution and with the Triton kernel everywhere, side by side in one run (docs/kernels.md);
 #   convs     where the kernels' time goes: every convolution call of a 256 x 4 step at each launch shape,
 #             both orientations for layers of up to 96 channels, and the kernel tables of 1 x 70 and
 #             16 x 70 decodes (docs/kernels.md, "Open work").
 # Usage: scripts/gpu_evidence.sh OUT_DIR PART...   (run from the repository root with the package
 # importable: docs/development.md, "On a GPU host")
 set -uo pipefail
-out=${1:?usage: $0 OUT_DIR stateful|leads|serving|kernels|convs ...}
+out=${1:?usage: $0 OUT_DIR stateful|leads|serving|kernels|switch|convs ...}
 shift
-[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|leads|serving|kernels|convs ..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 OUT_DIR stateful|leads|serving|kernels|switch|convs ..." >&2; exit 2; }
 py=${PYTHON:-python3}
 export TORCHINDUCTOR_COMPILE_THREADS=1 PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -72,6 +74,12 @@ for part in "$@"; do
           --out "$out/decode-fp16x3-$repeat.json"
       done
       ;;
+    switch)
+      run 240 "$out/step-specialized-256x4-16x70.log" "$py" scripts/bench_step.py --codec auk-24k --buckets 256x4 \
+        --whole 16x70 --modes packed triton-conv --out "$out/step-specialized-256x4-16x70.json"
+      run 200 "$out/step-specialized-512x4-1x70.log" "$py" scripts/bench_step.py --codec auk-24k --buckets 512x4 \
+        --whole 1x70 --modes packed triton-conv --out "$out/step-specialized-512x4-1x70.json"
+      ;;
     convs)
       run 330 "$out/step-convs-256x4.log" "$py" scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 \
         --variants channels_n --channels-n-max 96 --out "$out/step-convs-256x4.json"
@@ -81,7 +89,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "unknown part $part: stateful, leads, serving, kernels or convs" >&2
+      echo "unknown part $part: stateful, leads, serving, kernels, switch or convs" >&2
       exit 2
       ;;
   esac
