@@ -14,10 +14,11 @@ best launch of each call, so the gain a better planner could make shows::
     python3 scripts/bench_step_convs.py --codec auk-24k --buckets 256x4 512x4 --out step-convs.json
 
 The baseline is the Triton kernel with the output channels along the GEMM's M. ``--variants`` also times
-each call with the warp-specialized Gluon kernel at the same launch (``specialized``) and with the output channels
-along N (``channels_n``, layers of up to ``--channels-n-max`` channels), and checks their bits against the
-baseline; ``planned_ms`` sums what the planner picks now. ``--whole 16x70 1x70`` adds the calls of
-whole-clip decodes; ``--tiles`` with no value skips the launch sweep::
+each call with the warp-specialized Gluon kernel at the same launch (``specialized``) and with the output
+channels along N (``channels_n``, layers of up to ``--channels-n-max`` channels), and checks their bits
+against the baseline; ``planned_ms`` sums what the planner picks now. ``--whole 16x70 1x70`` adds the calls of
+whole-clip decodes; ``--tiles`` with no value skips the launch sweep, and ``--tiles-kernel specialized``
+runs the sweep's launches on the warp-specialized kernel::
 
     python3 scripts/bench_step_convs.py --buckets 256x4 512x4 --whole 16x70 1x70 --tiles --variants specialized
 """
@@ -120,6 +121,7 @@ def measure(
     variants: Sequence[str] = (),
     channels_n_max: int = 192,
     channels_n_tiles: Sequence[Tiles] = (),
+    tiles_specialized: bool = False,
 ) -> dict[str, Any]:
     args, kwargs = call
 
@@ -141,6 +143,7 @@ def measure(
         for pack in (True, False):
             for split in (False, True):
                 launch = {"tiles": tile, "pack": pack, "split": split, **base}
+                launch["specialized"] = tiles_specialized
                 try:
                     y = run(**launch)
                 except Exception as e:  # a launch this call cannot take (shared memory, registers)
@@ -149,7 +152,8 @@ def measure(
                     )
                     continue
                 variants.append({
-                    "tiles": list(tile), "pack": pack, "split": split, "bits_equal": bool(torch.equal(y, default)),
+                    "tiles": list(tile), "pack": pack, "split": split, "specialized": tiles_specialized,
+                    "bits_equal": bool(torch.equal(y, default)),
                     "ms": graph_ms(lambda launch=launch: run(**launch), reps=reps),
                 })  # fmt: skip
     if row["w"][1] <= channels_n_max:  # the channels-along-N kernel at other tiles (samples x channels)
@@ -188,6 +192,10 @@ def main() -> None:
         "--channels-n-max)",
     )  # fmt: skip
     ap.add_argument("--channels-n-max", type=int, default=192)
+    ap.add_argument(
+        "--tiles-kernel", choices=("triton", "specialized"), default="triton",
+        help="the kernel the --tiles launches run: the Triton kernel, or the warp-specialized Gluon one",
+    )  # fmt: skip
     ap.add_argument(
         "--channels-n-tiles", nargs="*", default=[],
         help="channels-along-N launches to time besides the planned one: block_t,block_o,warps,stages",
@@ -229,7 +237,15 @@ def main() -> None:
             for call, count in record_calls(work):
                 row = {
                     "count": count,
-                    **measure(call, tiles, args.reps, args.variants, args.channels_n_max, cn_tiles),
+                    **measure(
+                        call,
+                        tiles,
+                        args.reps,
+                        args.variants,
+                        args.channels_n_max,
+                        cn_tiles,
+                        tiles_specialized=args.tiles_kernel == "specialized",
+                    ),
                 }
                 rows.append(row)
                 best = row["best"]
