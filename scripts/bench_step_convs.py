@@ -106,10 +106,8 @@ def describe(call: Call) -> dict[str, Any]:
 
 #: kernel variants timed beside the Triton kernel with the output channels along M (``--variants``)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "specialized": {
-        "specialized": True,
-        "channels_n": False,
-    },  # the warp-specialized Gluon kernel, same launch
+    # the warp-specialized Gluon kernel, same launch
+    "specialized": {"specialized": True, "channels_n": False},
     "channels_n": {"channels_n": True},  # the output channels along the GEMM's N
 }
 
@@ -139,11 +137,11 @@ def measure(
         row[f"{name}_bits_equal"] = bool(torch.equal(run(**flags), default))
         row[f"{name}_ms"] = graph_ms(lambda flags=flags: run(**flags), reps=reps)
     variants = []
+    sweep = {**base, "specialized": tiles_specialized}  # the kernel the launch sweep runs
     for tile in tiles:
         for pack in (True, False):
             for split in (False, True):
-                launch = {"tiles": tile, "pack": pack, "split": split, **base}
-                launch["specialized"] = tiles_specialized
+                launch = {"tiles": tile, "pack": pack, "split": split, **sweep}
                 try:
                     y = run(**launch)
                 except Exception as e:  # a launch this call cannot take (shared memory, registers)

@@ -332,12 +332,11 @@ def gluon_descriptor(tensor, shape: list[int], strides: list[int], block: list[i
     return TensorDescriptor(tensor, shape, strides, block, _layout(block))
 
 
-def launch_gluon_conv(
-    grid, descs, pointers, sizes, *, stages: int, block_m: int, split: bool, chunks: int, **constexprs
-) -> None:
+def launch_gluon_conv(grid, descs, pointers, sizes, *, stages: int, chunks: int, **constexprs) -> None:
     """Launch the kernel: ``descs`` the four operand descriptors, ``pointers`` the seven tensors (the live
-    row count last), ``sizes`` the fourteen integers, in the Triton kernel's order; ``block_m`` 64 or 128
-    (one consumer warpgroup per 64 output channels)."""
+    row count last), ``sizes`` the fourteen integers, ``constexprs`` the flags, in the Triton kernel's
+    order; ``BLOCK_M`` 64 or 128 (one consumer warpgroup per 64 output channels)."""
+    block_m = constexprs["BLOCK_M"]
     if block_m not in (64, 128):
         raise ValueError(f"the warp-specialized convolution takes 64- or 128-channel tiles, not {block_m}")
     # The register limit at launch is what setmaxnreg then shares out among the warpgroups: 128 x 128, two
@@ -345,6 +344,6 @@ def launch_gluon_conv(
     # tiles, one consumer and the producer's group in each of the two programs a multiprocessor that the
     # planner's stages assume (216 + 40 <= 2 x 128).
     _conv1d_f16x3_gluon_kernel[grid](
-        *descs, *pointers, *sizes, STAGES=stages, BLOCK_M=block_m, SPLIT=split, CHUNKED=chunks > 1 and not split,
-        num_warps=4, maxnreg=168 if block_m == 128 else 128, **constexprs,
+        *descs, *pointers, *sizes, STAGES=stages, CHUNKED=chunks > 1 and not constexprs["SPLIT"], num_warps=4,
+        maxnreg=168 if block_m == 128 else 128, **constexprs,
     )  # fmt: skip

@@ -717,11 +717,9 @@ def conv1d_f16x3(
         from streamdec.kernels._gluon_conv_f16 import gluon_descriptor, launch_gluon_conv
 
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, gluon_descriptor)
-        flags = {k: v for k, v in flags.items() if k not in ("BLOCK_M", "SPLIT")}
         launch_gluon_conv(
-            launch.grid, descs, (*pointers, live_arg), sizes, stages=launch.stages, block_m=launch.block_m,
-            split=launch.split, chunks=launch.chunks, HAS_LIVE=live is not None, **flags,
-            **dependent_launch(y.device),
+            launch.grid, descs, (*pointers, live_arg), sizes, stages=launch.stages, chunks=launch.chunks,
+            HAS_LIVE=live is not None, **flags, **dependent_launch(y.device),
         )  # fmt: skip
     else:
         descs = _operand_descriptors(x_hi, x_lo, w_hi, w_lo, launch, TensorDescriptor)
